@@ -1,0 +1,1 @@
+"""The EvoEnv learner: orchestrator, GRPO trainer and weight publisher in one asyncio process."""

@@ -1,0 +1,56 @@
+"""The `evoenv` command. Each command group lives in its own module; heavy imports are late."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from pydantic import ValidationError
+
+from evoenv_worker import __version__
+from evoenv_worker.cli import envs
+from shared.config import Settings
+from shared.errors import UsageError
+from shared.logging import configure_logging
+
+app = typer.Typer(
+    name="evoenv",
+    help="EvoEnv: self-improving reasoning RL by environment synthesis.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+envs.register(app)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"evoenv {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show info-level log lines."),
+) -> None:
+    """Settings come from EVOENV_* environment variables (see README)."""
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = "EVOENV_" + "__".join(str(part) for part in first["loc"]).upper()
+        raise UsageError(f"bad setting {where}: {first['msg']}") from exc
+    configure_logging(settings.log_format, "INFO" if verbose else "WARNING")
+    ctx.obj = settings
+
+
+def main() -> None:
+    try:
+        app()
+    except UsageError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)

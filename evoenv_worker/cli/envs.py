@@ -1,0 +1,238 @@
+"""`evoenv seeds`, `evoenv sample` and `evoenv validate`: environments, run in the sandbox."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from evoenv_worker.sandbox.host import Sandbox
+from shared.config import Settings
+from shared.environment import build_prompt
+from shared.errors import SandboxFailure, SandboxUnavailable, UsageError
+from shared.messages import ValidationReport
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False)
+
+EXIT_ADMITTED, EXIT_REJECTED, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
+
+
+def register(app: typer.Typer) -> None:
+    app.command("seeds")(seeds)
+    app.command("sample")(sample)
+    app.command("validate")(validate)
+
+
+def seed_files(settings: Settings) -> list[Path]:
+    files = sorted(settings.seeds_dir.glob("*.py"))
+    if not files:
+        raise UsageError(f"no seed environments in {settings.seeds_dir}")
+    return files
+
+
+def resolve_env(settings: Settings, env: str) -> Path:
+    """A file path, or the name of a seed."""
+    path = Path(env)
+    if path.is_file():
+        return path
+    seed = settings.seeds_dir / f"{env}.py"
+    if seed.is_file():
+        return seed
+    names = ", ".join(p.stem for p in seed_files(settings))
+    raise UsageError(f"unknown environment {env!r}: give a file path or a seed name ({names})")
+
+
+def _sandbox_or_exit(settings: Settings) -> Sandbox:
+    sandbox = Sandbox(settings.sandbox)
+    try:
+        sandbox.start()
+    except SandboxUnavailable as exc:
+        err.print(f"error: {exc}")
+        raise typer.Exit(EXIT_ERROR) from exc
+    return sandbox
+
+
+def _describe(sandbox: Sandbox, path: Path) -> dict[str, Any]:
+    (result,) = sandbox.run(path.read_text("utf-8"), [{"op": "describe"}], filename=path.name)
+    if not result.ok:
+        raise UsageError(f"{path}: the environment cannot be loaded: {result.reason}")
+    return dict(result.value)
+
+
+def seeds(
+    ctx: typer.Context,
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per seed, one per line."),
+) -> None:
+    """List the seed environments: name, oracle kind, difficulty range, description."""
+    settings: Settings = ctx.obj
+    rows = []
+    with _sandbox_or_exit(settings) as sandbox:
+        for path in seed_files(settings):
+            rows.append({"file": str(path), **_describe(sandbox, path)})
+    if as_json:
+        for row in rows:
+            out.print(json.dumps(row), markup=False)
+        return
+    table = Table(title=f"{len(rows)} seed environments")
+    for column in ("name", "oracle", "difficulty", "description"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            row["name"],
+            row["oracle"],
+            f"{row['min_difficulty']}-{row['max_difficulty']}",
+            row["description"],
+        )
+    out.print(table)
+
+
+def sample(
+    ctx: typer.Context,
+    env: str = typer.Argument(..., help="A seed name or an environment file."),
+    seed: int = typer.Option(0, "--seed", "-s", help="Instance seed."),
+    difficulty: int | None = typer.Option(
+        None, "--difficulty", "-d", help="Difficulty (default: the middle of the range)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Sample one instance: the prompt the solver sees, the reference and its answer text."""
+    settings: Settings = ctx.obj
+    path = resolve_env(settings, env)
+    with _sandbox_or_exit(settings) as sandbox:
+        meta = _describe(sandbox, path)
+        lo, hi = meta["min_difficulty"], meta["max_difficulty"]
+        level = (lo + hi) // 2 if difficulty is None else difficulty
+        if not lo <= level <= hi:
+            raise UsageError(f"difficulty {level} is outside {meta['name']}'s range {lo}-{hi}")
+        op = {"op": "instance", "seed": seed, "difficulty": level}
+        (result,) = sandbox.run(path.read_text("utf-8"), [op], filename=path.name)
+    if not result.ok:
+        err.print(
+            f"error: {meta['name']} failed at seed {seed}, difficulty {level}: {result.reason}"
+        )
+        raise typer.Exit(1)
+    value = result.value
+    record = {
+        "env": meta["name"],
+        "seed": seed,
+        "difficulty": level,
+        "prompt": build_prompt(value["prompt"]),
+        "reference": value["reference"],
+        "answer_text": value["answer_text"],
+        "instance": value["instance"],
+        "isolated": sandbox.isolated,
+    }
+    if as_json:
+        out.print(json.dumps(record), markup=False)
+        return
+    out.rule(f"{meta['name']}  seed {seed}  difficulty {level}")
+    out.print(record["prompt"], markup=False)
+    out.rule("reference")
+    out.print(json.dumps(value["reference"]), markup=False)
+    out.print(f"answer text: {value['answer_text']}", markup=False)
+
+
+def validate(
+    ctx: typer.Context,
+    files: list[Path] = typer.Argument(..., help="Environment files to validate."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per file, one per line."),
+) -> None:
+    """Run the admission stages L1-L5 on environment files (never adds them to the pool).
+
+    Exit code: 0 all admitted, 1 any rejected, 3 any check could not run, 2 bad usage.
+    """
+    from evoenv_worker.validate import validate_source
+
+    settings: Settings = ctx.obj
+    blobs = [(path, _read(path)) for path in files]
+    reports: list[ValidationReport] = []
+    sandbox = Sandbox(settings.sandbox)
+    try:
+        for path, data in blobs:
+            progress = _progress(path) if sys.stderr.isatty() and not as_json else None
+            try:
+                report = validate_source(data, str(path), sandbox, settings, progress)
+            except (SandboxUnavailable, SandboxFailure) as exc:
+                report = ValidationReport(
+                    file=str(path),
+                    name=None,
+                    verdict="error",
+                    failed_stage=None,
+                    stages=[],
+                    isolated=sandbox.isolated,
+                    error=str(exc),
+                )
+            if progress is not None:
+                err.file.write("\r\033[K")
+            reports.append(report)
+            if as_json:
+                out.print(json.dumps(report.public()), markup=False)
+            else:
+                print_report(report)
+    finally:
+        sandbox.close()
+    verdicts = {r.verdict for r in reports}
+    raise typer.Exit(
+        EXIT_ERROR
+        if "error" in verdicts
+        else EXIT_REJECTED
+        if "rejected" in verdicts
+        else EXIT_ADMITTED
+    )
+
+
+def _read(path: Path) -> bytes:
+    if path.is_dir():
+        raise UsageError(f"{path} is a directory, not an environment file")
+    if not path.exists():
+        raise UsageError(f"{path}: no such file")
+    if not os.access(path, os.R_OK):
+        raise UsageError(f"{path}: permission denied")
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot be read ({exc.strerror})") from exc
+
+
+def _progress(path: Path) -> Any:
+    done: list[str] = []
+
+    def step(stage: str) -> None:
+        done.append(stage)
+        err.file.write(f"\r\033[K{path}: {' '.join(done)} ...")
+        err.file.flush()
+
+    return step
+
+
+def print_report(report: ValidationReport) -> None:
+    """The readable report of one file."""
+    seconds = sum(stage.seconds for stage in report.stages)
+    style = {"admitted": "bold green", "rejected": "bold red", "error": "bold yellow"}[
+        report.verdict
+    ]
+    where = f" at {report.failed_stage}" if report.failed_stage else ""
+    out.print(
+        f"[{style}]{report.verdict.upper()}{where}[/]  {report.file}  "
+        f"({report.name or 'unnamed'}, {seconds:.2f} s)"
+    )
+    if not report.isolated:
+        out.print(
+            "  [bold yellow]WARNING: the sandbox ran unconfined: this code was NOT isolated[/]"
+        )
+    if report.error:
+        out.print(f"  error: {report.error}", markup=False)
+    for stage in report.stages:
+        mark = "[green]ok  [/]" if stage.ok else "[red]FAIL[/]"
+        out.print(f"  {stage.stage:<11} {mark} {stage.seconds:6.2f} s  ", end="")
+        out.print(stage.detail, markup=False)
+        if stage.trigger is not None and not stage.ok:
+            trigger = stage.trigger.model_dump(exclude_none=True)
+            out.print(f"{'':23}triggered by {json.dumps(trigger)}", markup=False)

@@ -1,0 +1,202 @@
+"""The host side of the sandbox: start the fork server, send requests, read untrusted replies.
+
+One `Sandbox` is one long-lived fork server (see `runner.py`), started confined (see
+`launch.py`) and restarted when it dies. `Sandbox.run` sends a batch of operations on one
+environment source and returns one `OpResult` per operation. Every failure of environment code
+(a raise, a timeout, running out of memory, a crash, an oversized or malformed result) comes
+back as a failed `OpResult`, never as an exception; exceptions (`SandboxUnavailable`,
+`SandboxFailure`) mean the sandbox itself could not do its job.
+
+What the host does not trust: anything the server writes. Replies are size-capped, parsed and
+checked against the expected shape and order; anything else ends the server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from evoenv_worker.sandbox.launch import server_command
+from shared.config import SandboxSettings
+from shared.errors import SandboxFailure, SandboxUnavailable
+
+log = structlog.get_logger(__name__)
+
+_SLACK_SECONDS = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class OpResult:
+    """What one operation gave. `kind` says how a failed one failed."""
+
+    ok: bool
+    value: Any = None
+    kind: str = ""
+    """exception, type, value, timeout, memory, crash, output, load, dependency or skipped."""
+    routine: str = ""
+    error: str = ""
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def reason(self) -> str:
+        return self.error or self.kind
+
+
+class Sandbox:
+    """A confined fork server for environment code. One request at a time (a lock guards it)."""
+
+    def __init__(self, settings: SandboxSettings, *, hash_seed: int = 0) -> None:
+        self.settings = settings
+        self.hash_seed = hash_seed
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._buffer = b""
+        self._lock = threading.Lock()
+        self.isolated = True
+        self.confinement: dict[str, Any] = {}
+        self.restarts = 0
+
+    def __enter__(self) -> Sandbox:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Start the fork server unless it is running; raise `SandboxUnavailable` if it cannot."""
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        argv, env, self.isolated = server_command(self.settings, hash_seed=self.hash_seed)
+        try:
+            self._proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                env=env, start_new_session=True, close_fds=True,
+            )
+        except OSError as exc:
+            raise SandboxUnavailable(f"cannot start the sandbox ({argv[0]}): {exc}") from exc
+        self._buffer = b""
+        deadline = time.monotonic() + self.settings.start_seconds
+        try:
+            hello = self._read_message(deadline)
+        except SandboxFailure as exc:
+            self._kill()
+            raise SandboxUnavailable(f"the sandbox did not start: {exc}") from exc
+        if not isinstance(hello, dict) or hello.get("ready") is not True:
+            self._kill()
+            raise SandboxUnavailable(f"the sandbox did not start: unexpected greeting {hello!r:.200}")
+        self.confinement = hello.get("confinement") or {}
+        if not self.isolated:
+            log.warning("sandbox_not_isolated", detail="environment code runs WITHOUT isolation")
+
+    def close(self) -> None:
+        with self._lock:
+            self._kill()
+
+    def run(self, source: str, ops: list[dict[str, Any]], *, filename: str = "environment.py",
+            op_seconds: float | None = None) -> list[OpResult]:
+        """Run `ops` on the environment in `source`; one result per op, in order."""
+        if not ops:
+            return []
+        limits = {
+            "op_seconds": op_seconds or self.settings.op_seconds,
+            "memory_mb": self.settings.memory_mb,
+            "output_bytes": self.settings.output_bytes,
+        }
+        request = json.dumps({"source": source, "filename": filename, "ops": ops, "limits": limits})
+        with self._lock:
+            for attempt in (1, 2):
+                self.start()
+                try:
+                    return self._exchange(request.encode() + b"\n", len(ops), limits["op_seconds"])
+                except SandboxFailure as exc:
+                    self._kill()
+                    self.restarts += 1
+                    log.warning("sandbox_restarted", reason=str(exc), attempt=attempt)
+                    if attempt == 2:
+                        raise
+        raise AssertionError("unreachable")
+
+    # ----------------------------------------------------------------------------- internals
+
+    def _exchange(self, request: bytes, n_ops: int, op_seconds: float) -> list[OpResult]:
+        assert self._proc is not None and self._proc.stdin is not None
+        deadline = time.monotonic() + n_ops * op_seconds + _SLACK_SECONDS
+        try:
+            self._proc.stdin.write(request)
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError) as exc:
+            raise SandboxFailure(f"the fork server is gone: {exc}") from exc
+        results: list[OpResult] = []
+        while True:
+            message = self._read_message(deadline)
+            if not isinstance(message, dict):
+                raise SandboxFailure("reply is not a JSON object")
+            if message.get("done") is True:
+                break
+            if message.get("i") != len(results) or not isinstance(message.get("ok"), bool):
+                raise SandboxFailure("reply out of order")
+            results.append(_to_result(message))
+        if len(results) != n_ops:
+            raise SandboxFailure(f"{len(results)} replies for {n_ops} operations")
+        return results
+
+    def _read_message(self, deadline: float) -> Any:
+        assert self._proc is not None and self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        cap = self.settings.output_bytes + (64 << 10)
+        while b"\n" not in self._buffer:
+            if len(self._buffer) > cap:
+                raise SandboxFailure(f"reply larger than {cap} bytes")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise SandboxFailure("no reply before the deadline")
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                raise SandboxFailure(f"the fork server exited ({self._proc.poll()})")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        try:
+            return json.loads(line)
+        except ValueError as exc:
+            raise SandboxFailure("reply is not JSON") from exc
+
+    def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                stream.close()
+
+
+def _to_result(message: dict[str, Any]) -> OpResult:
+    seconds = message.get("seconds")
+    if not isinstance(seconds, dict):
+        seconds = {}
+    if message["ok"]:
+        return OpResult(True, value=message.get("value"), seconds=seconds)
+    return OpResult(
+        False,
+        kind=str(message.get("kind", "crash")),
+        routine=str(message.get("routine", "")),
+        error=str(message.get("error", ""))[:2000],
+        seconds=seconds,
+    )

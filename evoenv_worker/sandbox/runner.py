@@ -1,0 +1,401 @@
+"""The fork server that runs inside the sandbox. Standard library only.
+
+Started by `host.Sandbox` as `python -I -S -B runner.py ROOT [--confine]`, where ROOT holds the
+`shared` package. It reads one JSON request per line on stdin and, for each, forks a child that
+confines itself further (rlimits, then `confine.confine_child` when confined), loads the
+environment source and runs the request's operations in order, writing one JSON line per
+operation to a private pipe. The server relays each line to stdout re-encoded, enforces the
+per-operation time limit and the output cap, and forks a fresh child for the remaining
+operations when one dies or overruns. It ends every request with a `{"done": true}` line.
+
+The server itself never runs environment code. A child can only forge the results of its own
+request (it is the code being judged, so that gives it nothing its routines could not do);
+it cannot touch the server, later requests or the host.
+
+Operations (each a dict with "op"):
+- describe: the class attributes of the environment.
+- instance {seed, difficulty}: sample, solve, render, answer_text for one instance.
+- score {answer, from: k} or {answer, instance, reference}: score one extracted answer against
+  the instance of operation k of the same request, or against the given instance. With
+  "from" and a null answer, the answer is that instance's own answer_text, stripped.
+- answer_text {reference}: how the environment writes a given reference.
+Every result is {"i", "ok", ...}: ok results carry "value" (and "seconds"); failed ones carry
+"kind" (exception, type, timeout, memory, crash, output, load, dependency, skipped),
+"routine" and "error".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import select
+import signal
+import sys
+import time
+import types
+from typing import Any
+
+MAX_FAILURES_PER_REQUEST = 3
+"""After this many dead or overrunning children, the rest of a request is skipped."""
+
+
+def main() -> None:
+    root = sys.argv[1]
+    confined = "--confine" in sys.argv[2:]
+    sys.path.insert(0, root)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import shared.environment  # noqa: F401 - imported once here; every child inherits it
+
+    if confined:
+        import confine  # beside this file, also standard library only
+
+        confine.confine_server()
+        status = confine.status()
+    else:
+        status = {"isolated": False}
+    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    _emit(out, {"ready": True, "python": sys.version.split()[0], "confinement": status})
+    for line in sys.stdin.buffer:
+        try:
+            request = json.loads(line)
+            ops = request["ops"]
+            source = request["source"]
+        except (ValueError, KeyError, TypeError) as exc:
+            _emit(out, {"done": True, "error": f"malformed request: {exc}"})
+            continue
+        serve_request(out, request, source, ops, confined)
+        _emit(out, {"done": True})
+
+
+def _emit(out: Any, message: dict[str, Any]) -> None:
+    out.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+
+
+# --------------------------------------------------------------------------- the server side
+
+
+def serve_request(out: Any, request: dict[str, Any], source: str, ops: list[Any], confined: bool) -> None:
+    limits = request.get("limits", {})
+    op_seconds = float(limits.get("op_seconds", 10.0))
+    output_bytes = int(limits.get("output_bytes", 1 << 20))
+    done: dict[int, dict[str, Any]] = {}
+    pending = list(range(len(ops)))
+    failures = 0
+    while pending:
+        if failures >= MAX_FAILURES_PER_REQUEST:
+            for i in pending:
+                _emit(out, _fail(i, "skipped", "", f"skipped after {failures} failed calls in this request"))
+            return
+        batch = [(i, _resolve(ops[i], done)) for i in pending]
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            os.close(read_fd)
+            _child(write_fd, source, request.get("filename", "environment.py"), batch, limits, confined)
+        os.close(write_fd)
+        finished, failure = _relay(out, read_fd, pid, pending, op_seconds, output_bytes, done)
+        os.close(read_fd)
+        pending = pending[finished:]
+        if failure is not None:
+            failures += 1
+            _emit(out, failure)
+            pending = pending[1:]
+
+
+def _resolve(op: Any, done: dict[int, dict[str, Any]]) -> Any:
+    """Give a score op the instance of its source op when that ran in an earlier child."""
+    if isinstance(op, dict) and op.get("op") == "score" and op.get("from") in done:
+        value = done[op["from"]].get("value") or {}
+        answer = op.get("answer")
+        if answer is None and isinstance(value.get("answer_text"), str):
+            answer = value["answer_text"].strip()
+        return {"op": "score", "answer": answer, "from": None,
+                "instance": value.get("instance"), "reference": value.get("reference")}
+    return op
+
+
+def _relay(out: Any, fd: int, pid: int, pending: list[int], op_seconds: float, cap: int,
+           done: dict[int, dict[str, Any]]) -> tuple[int, dict[str, Any] | None]:
+    """Copy the child's result lines to `out`; return how many finished and the failure, if any."""
+    buffer = b""
+    finished = 0
+    deadline = time.monotonic() + op_seconds
+    while finished < len(pending):
+        index = pending[finished]
+        remaining = deadline - time.monotonic()
+        ready, _, _ = select.select([fd], [], [], max(remaining, 0))
+        if not ready:
+            _kill(pid)
+            return finished, _fail(index, "timeout", "", f"no result within {op_seconds:g} s")
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            status = _reap(pid)
+            return finished, _fail(index, *status)
+        buffer += chunk
+        while b"\n" in buffer and finished < len(pending):
+            line, buffer = buffer.split(b"\n", 1)
+            index = pending[finished]
+            result = _parse_child_line(line, index)
+            if result is None:
+                _kill(pid)
+                return finished, _fail(index, "output", "", "the child wrote a malformed result")
+            if result.get("ok"):
+                done[index] = result
+            _emit(out, result)
+            finished += 1
+            deadline = time.monotonic() + op_seconds
+        if len(buffer) > cap:
+            _kill(pid)
+            return finished, _fail(pending[finished], "output", "", f"result larger than {cap} bytes")
+    _reap(pid)
+    return finished, None
+
+
+def _parse_child_line(line: bytes, index: int) -> dict[str, Any] | None:
+    try:
+        result = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(result, dict) or result.get("i") != index or not isinstance(result.get("ok"), bool):
+        return None
+    return result
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    _reap(pid)
+
+
+def _reap(pid: int) -> tuple[str, str, str]:
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig == signal.SIGXCPU:
+            return "timeout", "", "CPU time limit exceeded"
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        return "crash", "", f"the process died with {name}"
+    code = os.WEXITSTATUS(status)
+    return "crash", "", f"the process exited with status {code} before finishing"
+
+
+def _fail(index: int, kind: str, routine: str, error: str) -> dict[str, Any]:
+    return {"i": index, "ok": False, "kind": kind, "routine": routine, "error": error}
+
+
+# --------------------------------------------------------------------------- the child side
+
+
+def _child(write_fd: int, source: str, filename: str, batch: list[tuple[int, Any]],
+           limits: dict[str, Any], confined: bool) -> None:
+    try:
+        _isolate_child(write_fd, limits, len(batch), confined)
+        results = os.fdopen(write_fd, "wb", buffering=0)
+        dumps = json.dumps
+        env_or_error = _load(source, filename)
+        kept: dict[int, dict[str, Any]] = {}
+        for index, op in batch:
+            if isinstance(env_or_error, str):
+                result = _fail(index, "load", "load", env_or_error)
+            else:
+                result = run_op(env_or_error, op, kept, index)
+                result["i"] = index
+            try:
+                line = dumps(result, separators=(",", ":"), default=_unencodable)
+            except (ValueError, RecursionError):
+                line = dumps(_fail(index, "type", result.get("routine", ""), "result cannot be encoded as JSON"))
+            results.write(line.encode("utf-8", "replace") + b"\n")
+    finally:
+        os._exit(0)
+
+
+def _isolate_child(write_fd: int, limits: dict[str, Any], n_ops: int, confined: bool) -> None:
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.closerange(3, write_fd)
+    os.closerange(write_fd + 1, 1 << 16)
+    sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the child
+    memory = int(limits.get("memory_mb", 1024)) << 20
+    cpu = int(float(limits.get("op_seconds", 10.0)) * n_ops) + 2
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if confined:
+        import confine
+
+        confine.confine_child()
+
+
+def _unencodable(value: object) -> str:
+    return f"<{type(value).__name__}>"
+
+
+def _load(source: str, filename: str) -> Any:
+    """Execute the environment source as a module; return an instance of its class or an error."""
+    from shared.environment import Environment
+
+    module = types.ModuleType("candidate")
+    module.__file__ = filename
+    sys.modules["candidate"] = module
+    try:
+        code = compile(source, filename, "exec")
+        exec(code, module.__dict__)
+    except MemoryError:
+        return "ran out of memory while loading the module"
+    except BaseException as exc:  # noqa: BLE001 - anything the module does at import is its failure
+        return f"loading the module raised {_describe(exc)}"
+    classes = [value for value in vars(module).values()
+               if isinstance(value, type) and issubclass(value, Environment)
+               and value is not Environment and value.__module__ == "candidate"]
+    if len(classes) != 1:
+        return f"expected exactly one Environment subclass, found {len(classes)}"
+    try:
+        return classes[0]()
+    except BaseException as exc:  # noqa: BLE001
+        return f"constructing the environment raised {_describe(exc)}"
+
+
+def run_op(env: Any, op: Any, kept: dict[int, dict[str, Any]], index: int) -> dict[str, Any]:
+    """Run one operation on a loaded environment; never raises. `kept` holds instance results."""
+    kind = op.get("op") if isinstance(op, dict) else None
+    if kind == "describe":
+        return _describe_env(env)
+    if kind == "instance":
+        result = _instance(env, op)
+        if result["ok"]:
+            kept[index] = result["value"]
+        return result
+    if kind == "score":
+        return _score(env, op, kept)
+    if kind == "answer_text":
+        return _answer_text(env, op)
+    return _fail(-1, "type", "", f"unknown operation {kind!r}")
+
+
+def _describe_env(env: Any) -> dict[str, Any]:
+    cls = type(env)
+    value = {}
+    for attr in ("name", "description", "oracle", "min_difficulty", "max_difficulty"):
+        item = cls.__dict__.get(attr, None) if attr in cls.__dict__ else _class_attr(cls, attr)
+        value[attr] = item if isinstance(item, (str, int, float, bool, type(None))) else repr(item)
+    return {"ok": True, "value": value}
+
+
+def _class_attr(cls: type, attr: str) -> Any:
+    for klass in cls.__mro__:
+        if attr in klass.__dict__:
+            return klass.__dict__[attr]
+    return None
+
+
+def _instance(env: Any, op: dict[str, Any]) -> dict[str, Any]:
+    from shared.environment import json_round_trips, make_rng, seed_global_random
+
+    seed: Any = op.get("seed")
+    difficulty: Any = op.get("difficulty")
+    name = str(_class_attr(type(env), "name"))
+    seconds: dict[str, float] = {}
+
+    def call(routine: str, fn: Any, *args: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            seconds[routine] = round(time.perf_counter() - start, 6)
+
+    routine = "sample"
+    try:
+        rng = make_rng(name, seed, difficulty)
+        seed_global_random(name, seed, difficulty)
+        instance = call("sample", env.sample, rng, difficulty)
+        if not isinstance(instance, dict):
+            return _fail(-1, "type", "sample", f"sample returned {type(instance).__name__}, expected dict")
+        instance_ok = json_round_trips(instance)
+        routine = "solve"
+        reference = call("solve", env.solve, _copy(instance, instance_ok))
+        reference_ok = json_round_trips(reference)
+        routine = "render"
+        prompt = call("render", env.render, _copy(instance, instance_ok))
+        if not isinstance(prompt, str):
+            return _fail(-1, "type", "render", f"render returned {type(prompt).__name__}, expected str")
+        routine = "answer_text"
+        text = call("answer_text", env.answer_text, _copy(reference, reference_ok))
+        if not isinstance(text, str):
+            return _fail(-1, "type", "answer_text", f"answer_text returned {type(text).__name__}, expected str")
+    except MemoryError:
+        return _fail(-1, "memory", routine, f"{routine} ran out of memory")
+    except BaseException as exc:  # noqa: BLE001 - the environment's failure, reported as a result
+        return _fail(-1, "exception", routine, f"{routine} raised {_describe(exc)}")
+    value = {"instance": instance, "reference": reference, "prompt": prompt, "answer_text": text,
+             "round_trip": {"instance": instance_ok, "reference": reference_ok},
+             "reference_type": type(reference).__name__}
+    return {"ok": True, "value": value, "seconds": seconds}
+
+
+def _score(env: Any, op: dict[str, Any], kept: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    from shared.environment import grade_value
+
+    source = op.get("from")
+    if source is not None:
+        if source not in kept:
+            return _fail(-1, "dependency", "score", f"operation {source} produced no instance")
+        instance, reference = kept[source]["instance"], kept[source]["reference"]
+        answer = op.get("answer")
+        if answer is None:  # the instance's own answer_text: the perfect answer
+            answer = kept[source]["answer_text"].strip()
+    else:
+        instance, reference = op.get("instance"), op.get("reference")
+        answer = op.get("answer")
+    if not isinstance(answer, str):
+        return _fail(-1, "type", "score", "answer must be a string")
+    start = time.perf_counter()
+    try:
+        value = env.score(_copy(instance, True), _copy(reference, True), answer)
+    except MemoryError:
+        return _fail(-1, "memory", "score", "score ran out of memory")
+    except BaseException as exc:  # noqa: BLE001
+        return _fail(-1, "exception", "score", f"score raised {_describe(exc)}")
+    seconds = {"score": round(time.perf_counter() - start, 6)}
+    grade = grade_value(value)
+    if grade.reward is None:
+        return _fail(-1, "value", "score", grade.detail)
+    return {"ok": True, "value": grade.reward, "seconds": seconds}
+
+
+def _answer_text(env: Any, op: dict[str, Any]) -> dict[str, Any]:
+    try:
+        text = env.answer_text(_copy(op.get("reference"), True))
+    except MemoryError:
+        return _fail(-1, "memory", "answer_text", "answer_text ran out of memory")
+    except BaseException as exc:  # noqa: BLE001
+        return _fail(-1, "exception", "answer_text", f"answer_text raised {_describe(exc)}")
+    if not isinstance(text, str):
+        return _fail(-1, "type", "answer_text", f"answer_text returned {type(text).__name__}, expected str")
+    return {"ok": True, "value": text}
+
+
+def _copy(value: Any, round_trips: bool) -> Any:
+    """Each routine gets its own copy, so a routine that mutates its input changes nothing."""
+    if not round_trips:
+        return value
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError, RecursionError):
+        return value
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    if len(text) > 300:
+        text = text[:300] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+if __name__ == "__main__":
+    main()

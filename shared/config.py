@@ -1,0 +1,150 @@
+"""Settings, read from the environment once in an entry point and passed down.
+
+Every field is an `EVOENV_*` variable. Connection settings are flat (`EVOENV_REDIS_URL`,
+`EVOENV_DATABASE_URL`, `EVOENV_VLLM_URLS`, `EVOENV_MODEL`, `EVOENV_DATA_DIR`); groups are nested
+with a double underscore, e.g. `EVOENV_SANDBOX__OP_SECONDS=5`. Every field has a default that
+works on one machine with nothing configured.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class SandboxSettings(BaseModel):
+    """Limits and isolation of the sandbox that runs environment code."""
+
+    op_seconds: float = Field(10.0, gt=0)
+    """Wall-clock limit for one operation (one routine call, or sample+solve+render of one instance)."""
+    memory_mb: int = Field(1024, ge=64)
+    """Address-space limit of the process that runs environment code, in MiB."""
+    output_bytes: int = Field(1 << 20, ge=1024)
+    """Largest result one operation may return, in bytes."""
+    start_seconds: float = Field(20.0, gt=0)
+    """How long the sandbox may take to start before it counts as unavailable."""
+    allow_unconfined: bool = False
+    """Opt in to run without bubblewrap, Landlock and seccomp where they are missing. Code is then
+    NOT isolated; every report and log line from that mode says so. Never for untrusted code."""
+    uid: int = 65534
+    """Unprivileged uid (and gid) the sandboxed code runs as when the worker runs as root."""
+
+
+class ValidationSettings(BaseModel):
+    """Thresholds of the mechanical admission stages L1-L5 (CONTRACT.md section 3)."""
+
+    max_source_bytes: int = 64 * 1024
+    """L1: largest environment file, in bytes."""
+    seeds: int = 8
+    """L2-L5: seeds tested at each of the min, middle and max difficulty."""
+    max_prompt_bytes: int = 16 * 1024
+    """L2: longest rendered prompt, in bytes (UTF-8)."""
+    min_distinct_references: int = 2
+    """L4: distinct references required at each tested difficulty."""
+    min_distinct_prompts: int = 3
+    """L4: distinct prompts required at each tested difficulty."""
+    min_length_ratio: float = 1.1
+    """L4: mean JSON length of instances at max difficulty over that at min difficulty."""
+    leak_min_chars: int = 8
+    """L4: answer texts at least this long must not appear verbatim in the prompt..."""
+    leak_max_fraction: float = 0.5
+    """...in more than this fraction of the sampled instances."""
+    spray_instances: int = 20
+    """L5: other instances whose answer texts go into the spray probe."""
+    spray_range: tuple[int, int] = (-50, 500)
+    """L5: every integer in this closed range also goes into the spray probe."""
+    feasibility_reject_fraction: float = 0.5
+    """L5: share of cases where a feasibility scorer must reject borrowed/perturbed answers."""
+    answer_cap: int = 4096
+    """Longest extracted answer, in characters; longer is a format error."""
+
+
+class ServeSettings(BaseModel):
+    """The vLLM OpenAI-compatible server that `evoenv serve` starts (EVOENV_SERVE__...)."""
+
+    host: str = "127.0.0.1"
+    """Address to bind; keep it private: the weight-reload endpoints must not face a network."""
+    port: int = Field(8000, ge=1, le=65535)
+    """TCP port of the server."""
+    kv_cache_gib: float = Field(2.0, gt=0)
+    """KV cache size in GiB on the CPU (VLLM_CPU_KVCACHE_SPACE); ignored on a GPU."""
+    max_model_len: int = Field(16384, ge=256)
+    """Longest prompt plus completion, in tokens; capped at what the model supports."""
+    dtype: str = "bfloat16"
+    """Weight and activation dtype of the server (`auto`, `bfloat16`, `float16`, `float32`)."""
+    extra_args: Annotated[list[str], NoDecode] = []
+    """More vLLM arguments, space-separated, e.g. `--max-num-seqs 64`."""
+    start_timeout: float = Field(300.0, gt=0)
+    """Seconds to wait for the server to answer /health before giving up."""
+    weight_push: Literal["reload", "nccl"] = "reload"
+    """How the learner makes new weights live: reload from a safetensors folder, or NCCL (GPU)."""
+
+    @field_validator("extra_args", mode="before")
+    @classmethod
+    def _split_args(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return value.split()
+        return value
+
+
+class Settings(BaseSettings):
+    """All of EvoEnv's settings. Build once with `Settings()` in an entry point."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="EVOENV_", env_nested_delimiter="__", extra="ignore", validate_default=True
+    )
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Broker, result backend, rollout stream and policy version."""
+    database_url: str = ""
+    """The archive: empty means SQLite at DATA_DIR/archive.db; or a PostgreSQL URL."""
+    vllm_urls: Annotated[list[str], NoDecode] = ["http://127.0.0.1:8000"]
+    """vLLM servers, comma-separated; requests are spread across them."""
+    model: str = "qwen2.5-coder-0.5b-instruct"
+    """The policy: an embedded model name, a local Hugging Face folder or a hub id."""
+    data_dir: Path = Path("~/.evoenv")
+    """Prepared models, the default archive and run folders."""
+    seeds_dir: Path = Path(__file__).resolve().parents[1] / "seeds"
+    """The hand-written seed environments (one file each)."""
+    log_format: Literal["console", "json"] = "console"
+    """structlog renderer: human-readable console lines or one JSON object per line."""
+    log_level: str = "INFO"
+
+    sandbox: SandboxSettings = SandboxSettings()
+    validation: ValidationSettings = ValidationSettings()
+    serve: ServeSettings = ServeSettings()
+
+    @field_validator("vllm_urls", mode="before")
+    @classmethod
+    def _split_urls(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [url.strip().rstrip("/") for url in value.split(",") if url.strip()]
+        return value
+
+    @field_validator("data_dir")
+    @classmethod
+    def _expand(cls, value: Path) -> Path:
+        return value.expanduser()
+
+    @property
+    def archive_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'archive.db'}"
+
+    def masked(self) -> dict[str, Any]:
+        """The resolved settings for a start-up log line, passwords masked."""
+        data = self.model_dump(mode="json")
+        for key in ("redis_url", "database_url"):
+            data[key] = _mask_url(data[key])
+        return data
+
+
+def _mask_url(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    credentials, _, host = rest.rpartition("@")
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}"

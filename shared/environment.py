@@ -1,0 +1,215 @@
+"""The environment contract and what the framework does around it.
+
+An environment is one Python file defining exactly one subclass of `Environment` with four
+routines: `sample` (sampler), `solve` (oracle), `render` (renderer) and `score` (scorer), plus an
+optional `answer_text`. The framework, never the environment, does the rest, and it lives here:
+
+- seeding: an instance is named by (environment, seed, difficulty), see `make_rng`; training and
+  evaluation seeds come from disjoint ranges (`TRAIN_SEEDS`, `EVAL_SEEDS`);
+- the prompt: `render(instance)` followed by `ANSWER_INSTRUCTION`, see `build_prompt`;
+- answer extraction: the last `<answer>...</answer>` span after the last `</think>`, see
+  `extract_answer`;
+- grading outcomes: `scored`, `format_error` or `env_error`, see `Grade` and `grade_value`.
+
+This module uses the standard library only: it is bound into the sandbox, where environment
+code imports it as `from shared.environment import Environment`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, ClassVar
+
+__all__ = [
+    "ANSWER_CAP",
+    "ANSWER_INSTRUCTION",
+    "EVAL_SEEDS",
+    "ORACLE_KINDS",
+    "TRAIN_SEEDS",
+    "Environment",
+    "Extraction",
+    "Grade",
+    "Outcome",
+    "build_prompt",
+    "default_answer_text",
+    "extract_answer",
+    "grade_value",
+    "is_snake_case",
+    "json_round_trips",
+    "make_rng",
+    "seed_global_random",
+]
+
+ORACLE_KINDS = ("equality", "feasibility")
+"""`equality`: the scorer compares with the reference; `feasibility`: it checks constraints."""
+
+TRAIN_SEEDS = range(0, 1_000_000_000)
+"""Seeds the trainer may draw instances from."""
+
+EVAL_SEEDS = range(1_000_000_000, 2_000_000_000)
+"""Seeds reserved for held-out evaluation: disjoint from `TRAIN_SEEDS`, never trained on."""
+
+ANSWER_CAP = 4096
+"""Default maximum length, in characters, of an extracted answer; longer is a format error."""
+
+ANSWER_INSTRUCTION = (
+    "Reason step by step if it helps. Then write your final answer, exactly in the format "
+    "asked for above, between <answer> and </answer> tags, for example <answer>your final "
+    "answer</answer>. Only the last <answer> span counts."
+)
+"""The framework's answer-format instruction, appended to every rendered problem."""
+
+_SNAKE_CASE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)*$")
+
+
+class Environment:
+    """Base class of every environment (see the contract: CONTRACT.md, section 1).
+
+    Subclasses set the class attributes and implement `sample`, `solve`, `render` and `score`.
+    All randomness must come from the `rng` passed to `sample`.
+    """
+
+    name: ClassVar[str] = ""
+    """snake_case, unique in the pool."""
+    description: ClassVar[str] = ""
+    """One sentence: what the problem is."""
+    oracle: ClassVar[str] = "equality"
+    """`equality` or `feasibility`."""
+    min_difficulty: ClassVar[int] = 1
+    max_difficulty: ClassVar[int] = 10
+
+    def sample(self, rng: random.Random, difficulty: int) -> dict[str, Any]:
+        """Build one instance from `rng` at `difficulty`; JSON round-trippable."""
+        raise NotImplementedError
+
+    def solve(self, instance: dict[str, Any]) -> Any:
+        """The reference answer (JSON-serialisable), from the instance alone."""
+        raise NotImplementedError
+
+    def render(self, instance: dict[str, Any]) -> str:
+        """The complete problem statement, including the exact final-answer format."""
+        raise NotImplementedError
+
+    def score(self, instance: dict[str, Any], reference: Any, answer: str) -> float:
+        """Score the extracted answer text in [0, 1]; never raise on any string."""
+        raise NotImplementedError
+
+    def answer_text(self, reference: Any) -> str:
+        """How a perfect solver writes `reference` in its answer span."""
+        return default_answer_text(reference)
+
+
+def default_answer_text(reference: Any) -> str:
+    """Scalars with `str()`, lists and tuples joined by ", "."""
+    if isinstance(reference, (list, tuple)):
+        return ", ".join(str(item) for item in reference)
+    return str(reference)
+
+
+def is_snake_case(name: object) -> bool:
+    return isinstance(name, str) and bool(_SNAKE_CASE.match(name))
+
+
+def make_rng(name: str, seed: int, difficulty: int) -> random.Random:
+    """The instance's random generator: the same triple gives the same stream everywhere."""
+    return random.Random(f"{name}:{seed}:{difficulty}")
+
+
+def seed_global_random(name: str, seed: int, difficulty: int) -> None:
+    """The framework also seeds the global `random`, so a stray `random.random()` is stable."""
+    random.seed(f"{name}:{seed}:{difficulty}")
+
+
+def build_prompt(rendered: str) -> str:
+    """What the solver sees: the rendered problem, then the answer-format instruction."""
+    return f"{rendered.rstrip()}\n\n{ANSWER_INSTRUCTION}"
+
+
+def json_round_trips(value: Any) -> bool:
+    """True when `value` survives `json.loads(json.dumps(value))` unchanged (types included)."""
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return _same(json.loads(text), value)
+
+
+def _same(a: Any, b: Any) -> bool:
+    # `==` alone treats 1 == 1.0 == True and (1, 2) != [1, 2] inconsistently; compare types too.
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+class Outcome(StrEnum):
+    SCORED = "scored"
+    """The scorer returned a number in [0, 1]."""
+    FORMAT_ERROR = "format_error"
+    """No readable answer span: reward 0."""
+    ENV_ERROR = "env_error"
+    """The environment failed (raised, timed out, out of memory, bad value): never a reward."""
+
+
+@dataclass(frozen=True, slots=True)
+class Grade:
+    """One graded answer. `reward` is None exactly when the outcome is `env_error`."""
+
+    outcome: Outcome
+    reward: float | None
+    detail: str = ""
+
+    @classmethod
+    def format_error(cls, detail: str) -> Grade:
+        return cls(Outcome.FORMAT_ERROR, 0.0, detail)
+
+    @classmethod
+    def env_error(cls, detail: str) -> Grade:
+        return cls(Outcome.ENV_ERROR, None, detail)
+
+
+def grade_value(value: object) -> Grade:
+    """Turn what a scorer returned into a grade: a float, int or bool in [0, 1] is `scored`."""
+    if isinstance(value, bool):
+        return Grade(Outcome.SCORED, float(value))
+    if isinstance(value, (int, float)):
+        number = float(value)
+        if 0.0 <= number <= 1.0:  # NaN fails both comparisons
+            return Grade(Outcome.SCORED, number)
+        return Grade.env_error(f"score {value!r} is outside [0, 1]")
+    return Grade.env_error(f"score has type {type(value).__name__}, expected a number in [0, 1]")
+
+
+@dataclass(frozen=True, slots=True)
+class Extraction:
+    """The answer text the scorer sees, or why there is none (then a format error)."""
+
+    answer: str | None
+    problem: str = ""
+
+
+def extract_answer(response: str, cap: int = ANSWER_CAP) -> Extraction:
+    """The text of the last `<answer>...</answer>` span of what counts, stripped.
+
+    What counts: the text after the last `</think>`; a `<think>` with no `</think>` after it
+    means the model never finished thinking, so there is no answer.
+    """
+    close = response.rfind("</think>")
+    if response.rfind("<think>") > close:
+        return Extraction(None, "unclosed <think>")
+    counted = response[close + len("</think>") :] if close >= 0 else response
+    end = counted.rfind("</answer>")
+    start = counted.rfind("<answer>", 0, end) if end >= 0 else -1
+    if start < 0:
+        return Extraction(None, "no <answer>...</answer> span")
+    answer = counted[start + len("<answer>") : end].strip()
+    if len(answer) > cap:
+        return Extraction(None, f"answer span of {len(answer)} characters exceeds the cap of {cap}")
+    return Extraction(answer)

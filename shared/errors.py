@@ -1,0 +1,33 @@
+"""EvoEnv's exceptions, drawn once.
+
+    EvoEnvError
+    ├── SandboxUnavailable   the sandbox cannot start here (a missing tool, a kernel too old)
+    ├── SandboxFailure       the running sandbox broke down (not the environment's fault)
+    ├── ServiceUnavailable   Redis, the database or a model server cannot be reached
+    └── UsageError           bad input from a person: one line that says what to fix
+
+A broken *environment* is never an exception: it is a result (a failed stage with a reason,
+or an `env_error` grade). Exceptions are for infrastructure, and only they are retried.
+"""
+
+from __future__ import annotations
+
+
+class EvoEnvError(Exception):
+    """Base class of every error EvoEnv raises on purpose."""
+
+
+class SandboxUnavailable(EvoEnvError):
+    """The sandbox cannot start on this machine; the message says what is missing."""
+
+
+class SandboxFailure(EvoEnvError):
+    """The sandbox process died or answered out of protocol for reasons not due to the code."""
+
+
+class ServiceUnavailable(EvoEnvError):
+    """A service EvoEnv depends on (Redis, the database, a model server) cannot be reached."""
+
+
+class UsageError(EvoEnvError):
+    """A person's input is wrong; the message is one line that says what to fix."""

@@ -1,0 +1,130 @@
+"""The framework side of the contract: extraction, grades, seeding, JSON round trips."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from shared.environment import (
+    ANSWER_INSTRUCTION,
+    EVAL_SEEDS,
+    TRAIN_SEEDS,
+    Environment,
+    Outcome,
+    build_prompt,
+    default_answer_text,
+    extract_answer,
+    grade_value,
+    json_round_trips,
+    make_rng,
+)
+
+
+@pytest.mark.parametrize(
+    ("response", "answer"),
+    [
+        ("<answer>42</answer>", "42"),
+        ("  <answer>  7, 8 \n</answer> trailing", "7, 8"),
+        ("<answer>1</answer> then <answer>2</answer>", "2"),  # the last span wins
+        ("<answer>a<answer>b</answer>", "b"),  # the innermost opening before the last close
+        ("<think>maybe <answer>1</answer></think><answer>3</answer>", "3"),
+        ("<think>x</think> no <think>y</think> <answer>5</answer>", "5"),
+        ("</think><answer>9</answer>", "9"),  # template-opened thinking
+        ("<answer></answer>", ""),
+    ],
+)
+def test_extract_answer_finds_the_last_span_after_thinking(response: str, answer: str) -> None:
+    assert extract_answer(response).answer == answer
+
+
+@pytest.mark.parametrize(
+    ("response", "problem"),
+    [
+        ("the answer is 42", "no <answer>"),
+        ("<answer>42", "no <answer>"),
+        ("42</answer>", "no <answer>"),
+        ("<think>thinking... <answer>1</answer>", "unclosed <think>"),
+        ("<think>a</think><answer>1</answer><think>b <answer>2</answer>", "unclosed <think>"),
+        ("<think><answer>1</answer></think> nothing after", "no <answer>"),
+    ],
+)
+def test_extract_answer_gives_format_errors(response: str, problem: str) -> None:
+    extraction = extract_answer(response)
+    assert extraction.answer is None
+    assert problem in extraction.problem
+
+
+def test_extract_answer_caps_the_span() -> None:
+    assert extract_answer(f"<answer>{'x' * 4096}</answer>").answer == "x" * 4096
+    over = extract_answer(f"<answer>{'x' * 4097}</answer>")
+    assert over.answer is None and "cap" in over.problem
+    assert extract_answer("<answer>12345</answer>", cap=4).answer is None
+
+
+@pytest.mark.parametrize(
+    ("value", "outcome", "reward"),
+    [
+        (1.0, Outcome.SCORED, 1.0),
+        (0, Outcome.SCORED, 0.0),
+        (1, Outcome.SCORED, 1.0),
+        (True, Outcome.SCORED, 1.0),
+        (False, Outcome.SCORED, 0.0),
+        (0.25, Outcome.SCORED, 0.25),
+        (1.5, Outcome.ENV_ERROR, None),
+        (-0.1, Outcome.ENV_ERROR, None),
+        (float("nan"), Outcome.ENV_ERROR, None),
+        ("1.0", Outcome.ENV_ERROR, None),
+        (None, Outcome.ENV_ERROR, None),
+    ],
+)
+def test_grade_value_accepts_numbers_in_unit_interval(
+    value: object, outcome: Outcome, reward: float | None
+) -> None:
+    grade = grade_value(value)
+    assert grade.outcome is outcome
+    assert grade.reward == reward
+    if outcome is Outcome.ENV_ERROR:
+        assert grade.detail
+
+
+def test_seed_ranges_are_disjoint() -> None:
+    assert TRAIN_SEEDS.stop <= EVAL_SEEDS.start
+
+
+def test_make_rng_names_an_instance_by_its_triple() -> None:
+    draws = [make_rng("env", 3, 5).random() for _ in range(2)]
+    assert draws[0] == draws[1]
+    assert make_rng("env", 3, 5).random() == random.Random("env:3:5").random()
+    assert make_rng("env", 3, 6).random() != draws[0]
+    assert make_rng("other", 3, 5).random() != draws[0]
+
+
+def test_prompt_ends_with_the_answer_instruction() -> None:
+    prompt = build_prompt("What is 2+2?\n\n")
+    assert prompt.startswith("What is 2+2?\n\n")
+    assert prompt.endswith(ANSWER_INSTRUCTION)
+    assert "<answer>" in ANSWER_INSTRUCTION and "</answer>" in ANSWER_INSTRUCTION
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ({"a": [1, 2.5, "x", None, True]}, True),
+        ({"a": (1, 2)}, False),
+        ({1: "a"}, False),
+        ({"a": {1, 2}}, False),
+        ({"a": float("nan")}, False),
+        ([1, [2, [3]]], True),
+        ({"a": 1.0}, True),
+    ],
+)
+def test_json_round_trips(value: object, ok: bool) -> None:
+    assert json_round_trips(value) is ok
+
+
+def test_default_answer_text() -> None:
+    assert default_answer_text(7) == "7"
+    assert default_answer_text([1, 2, 3]) == "1, 2, 3"
+    assert default_answer_text(("a", "b")) == "a, b"
+    assert Environment().answer_text([4]) == "4"
