@@ -16,11 +16,13 @@ from typing import Any
 import structlog
 
 from evoenv_worker import stages
+from evoenv_worker.context import WorkerContext
 from evoenv_worker.sandbox.host import OpResult, Sandbox
 from evoenv_worker.static import check_static
 from shared.config import Settings
+from shared.db import source_sha
 from shared.errors import SandboxFailure, SandboxUnavailable
-from shared.messages import Stage, StageReport, ValidationReport, Verdict
+from shared.messages import Stage, StageReport, ValidateJob, ValidationReport, Verdict
 
 log = structlog.get_logger(__name__)
 
@@ -46,7 +48,9 @@ def validate_source(
     reports: list[StageReport] = []
     name: str | None = None
 
-    def finish(verdict: Verdict, failed: Stage | None, error: str | None = None) -> ValidationReport:
+    def finish(
+        verdict: Verdict, failed: Stage | None, error: str | None = None
+    ) -> ValidationReport:
         report = ValidationReport(
             file=file,
             name=name,
@@ -120,3 +124,11 @@ def _fresh_factory(sandbox: Sandbox, source: str, file: str) -> stages.FreshRunn
             yield SourceRunner(other, source, file)
 
     return fresh
+
+
+def validate_job(ctx: WorkerContext, job: ValidateJob) -> ValidationReport:
+    """The `validate` job: validate, then store the report under the job id (idempotent)."""
+    report = validate_source(job.source.encode("utf-8"), job.file, ctx.sandbox(), ctx.settings)
+    if report.verdict != "error":
+        ctx.archive().record_validation(job.job_id, source_sha(job.source), report, adhoc=job.adhoc)
+    return report

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -69,8 +69,8 @@ class ServeSettings(BaseModel):
     """Address to bind; keep it private: the weight-reload endpoints must not face a network."""
     port: int = Field(8000, ge=1, le=65535)
     """TCP port of the server."""
-    kv_cache_gib: float = Field(2.0, gt=0)
-    """KV cache size in GiB on the CPU (VLLM_CPU_KVCACHE_SPACE); ignored on a GPU."""
+    kv_cache_gib: int = Field(2, ge=1)
+    """KV cache size in whole GiB on the CPU (VLLM_CPU_KVCACHE_SPACE); ignored on a GPU."""
     max_model_len: int = Field(16384, ge=256)
     """Longest prompt plus completion, in tokens; capped at what the model supports."""
     dtype: str = "bfloat16"
@@ -88,6 +88,50 @@ class ServeSettings(BaseModel):
         if isinstance(value, str):
             return value.split()
         return value
+
+
+class WorkerSettings(BaseModel):
+    """Celery workers: concurrency, time limits and delivery (DESIGN.md, failure rules)."""
+
+    concurrency: int = Field(2, ge=1)
+    """Worker processes (or threads, for the generation queue) per worker."""
+    generation_threads: int = Field(16, ge=1)
+    """Threads of a worker serving only the generation queue (I/O bound: many requests in flight)."""
+    validate_time_limit: float = Field(300.0, gt=0)
+    """Hard time limit of a validate job, in seconds (the soft limit is 90 % of it)."""
+    grade_time_limit: float = Field(120.0, gt=0)
+    """Hard time limit of a sample or grade job, in seconds."""
+    complete_time_limit: float = Field(600.0, gt=0)
+    """Hard time limit of a complete job (vLLM completions), in seconds."""
+    visibility_timeout: float = Field(900.0, gt=0)
+    """Seconds before Redis hands an unacknowledged job to another worker; must exceed every hard
+    time limit (a worker killed outright has its jobs redelivered after this)."""
+    max_retries: int = Field(5, ge=0)
+    """Retries of a job that failed for an infrastructure reason (bounded exponential backoff)."""
+    max_deliveries: int = Field(8, ge=1)
+    """Deliveries (first run, redeliveries, retries) after which a job goes to the dead letters."""
+    connect_timeout: float = Field(5.0, gt=0)
+    """Seconds to wait for Redis before saying it is unreachable."""
+
+    @model_validator(mode="after")
+    def _visibility_exceeds_limits(self) -> WorkerSettings:
+        longest = max(self.validate_time_limit, self.grade_time_limit, self.complete_time_limit)
+        if self.visibility_timeout <= longest:
+            raise ValueError(
+                f"visibility_timeout ({self.visibility_timeout:g} s) must exceed the longest hard "
+                f"time limit ({longest:g} s), or running jobs would be handed out twice"
+            )
+        return self
+
+
+class FlowerSettings(BaseModel):
+    """Flower, the web monitor of the Celery queues."""
+
+    address: str = "127.0.0.1"
+    """Interface Flower listens on; keep it on loopback unless basic auth is set."""
+    port: int = 5555
+    basic_auth: str = ""
+    """`user:password` required by Flower's pages and API (empty: none)."""
 
 
 class Settings(BaseSettings):
@@ -112,9 +156,13 @@ class Settings(BaseSettings):
     log_format: Literal["console", "json"] = "console"
     """structlog renderer: human-readable console lines or one JSON object per line."""
     log_level: str = "INFO"
+    run: str = "default"
+    """Name of the training run: namespaces its rollout stream and groups in Redis."""
 
     sandbox: SandboxSettings = SandboxSettings()
     validation: ValidationSettings = ValidationSettings()
+    worker: WorkerSettings = WorkerSettings()
+    flower: FlowerSettings = FlowerSettings()
     serve: ServeSettings = ServeSettings()
 
     @field_validator("vllm_urls", mode="before")
@@ -137,11 +185,13 @@ class Settings(BaseSettings):
         """The resolved settings for a start-up log line, passwords masked."""
         data = self.model_dump(mode="json")
         for key in ("redis_url", "database_url"):
-            data[key] = _mask_url(data[key])
+            data[key] = mask_url(data[key])
+        if data["flower"]["basic_auth"]:
+            data["flower"]["basic_auth"] = data["flower"]["basic_auth"].split(":", 1)[0] + ":***"
         return data
 
 
-def _mask_url(url: str) -> str:
+def mask_url(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep or "@" not in rest:
         return url

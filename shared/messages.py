@@ -66,3 +66,97 @@ class ValidationReport(Message):
         if data["error"] is None:
             del data["error"]
         return data
+
+
+# ------------------------------------------------------------------------ jobs and rollouts
+
+Role = Literal["solver", "generator"]
+
+
+class EnvRef(BaseModel):
+    """An environment as jobs carry it: its source travels with the job (at most 64 KiB)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    sha: str
+    """sha256 of the source: the environment's identity in the archive."""
+    source: str
+
+
+class ValidateJob(Message):
+    """Validate one candidate (`validation` queue)."""
+
+    job_id: str
+    file: str
+    source: str
+    adhoc: bool = True
+    """Ad-hoc validation of a user's file: never adds anything to the pool."""
+
+
+class CompletionRecord(BaseModel):
+    """One completion, with what the trainer needs to use it without re-tokenising."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    text: str
+    prompt_token_ids: list[int] = Field(default_factory=list)
+    token_ids: list[int] = Field(default_factory=list)
+    logprobs: list[float] = Field(default_factory=list)
+    """Per-token log-probs of the distribution actually sampled from."""
+    finish_reason: str | None = None
+    policy_version: int = 0
+
+
+class SolverJob(Message):
+    """One solver group, as it flows along the chain sample -> complete -> grade."""
+
+    run: str
+    group_id: str
+    env: EnvRef
+    seed: int
+    difficulty: int
+    group_size: int = Field(8, ge=1)
+    prompt: str | None = None
+    """Filled by `sample`: the full prompt (rendered problem + answer instruction)."""
+    completions: list[CompletionRecord] = Field(default_factory=list)
+    """Filled by `complete`."""
+    temperature: float = 1.0
+    max_tokens: int = 512
+    error: str | None = None
+    """Set when the environment failed to sample: the group is reported as an env_error."""
+
+
+class GradedCompletion(CompletionRecord):
+    reward: float | None
+    """None exactly when the outcome is env_error (left out of training)."""
+    outcome: Literal["scored", "format_error", "env_error"]
+    detail: str = ""
+
+
+class GradedGroup(Message):
+    """One entry of the rollout stream: a group of completions for one prompt, graded."""
+
+    run: str
+    group_id: str
+    role: Role
+    env_name: str
+    env_sha: str
+    seed: int
+    difficulty: int
+    prompt: str
+    policy_version: int
+    """The oldest policy version among the completions: the group's age."""
+    completions: list[GradedCompletion]
+    data: dict[str, Any] = Field(default_factory=dict)
+    """Role-specific extras (a generator group's stage results, rewards' parts...)."""
+
+
+class DeadLetter(Message):
+    """A job that failed past its retry or redelivery limit."""
+
+    task_id: str
+    task: str
+    attempts: int
+    error: str
+    payload: dict[str, Any] = Field(default_factory=dict)

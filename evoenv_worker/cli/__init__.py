@@ -8,7 +8,7 @@ import typer
 from pydantic import ValidationError
 
 from evoenv_worker import __version__
-from evoenv_worker.cli import envs
+from evoenv_worker.cli import cluster, envs
 from shared.config import Settings
 from shared.errors import UsageError
 from shared.logging import configure_logging
@@ -21,6 +21,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 envs.register(app)
+cluster.register(app)
 
 
 def _version(value: bool) -> None:

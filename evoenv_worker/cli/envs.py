@@ -143,6 +143,12 @@ def validate(
     ctx: typer.Context,
     files: list[Path] = typer.Argument(..., help="Environment files to validate."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per file, one per line."),
+    queue: bool = typer.Option(
+        False, "--queue", help="Run as jobs on the cluster's validation queue."
+    ),
+    wait: bool = typer.Option(
+        True, "--wait/--no-wait", help="With --queue: wait for the reports, or print the job ids."
+    ),
 ) -> None:
     """Run the admission stages L1-L5 on environment files (never adds them to the pool).
 
@@ -152,6 +158,11 @@ def validate(
 
     settings: Settings = ctx.obj
     blobs = [(path, _read(path)) for path in files]
+    if queue:
+        from evoenv_worker.cli.cluster import validate_on_queue
+
+        validate_on_queue(settings, blobs, as_json, wait)
+        return
     reports: list[ValidationReport] = []
     sandbox = Sandbox(settings.sandbox)
     try:
@@ -178,14 +189,15 @@ def validate(
                 print_report(report)
     finally:
         sandbox.close()
+    raise typer.Exit(exit_code(reports))
+
+
+def exit_code(reports: list[ValidationReport]) -> int:
+    """0 when every file is admitted, 1 when any is rejected, 3 when any check could not run."""
     verdicts = {r.verdict for r in reports}
-    raise typer.Exit(
-        EXIT_ERROR
-        if "error" in verdicts
-        else EXIT_REJECTED
-        if "rejected" in verdicts
-        else EXIT_ADMITTED
-    )
+    if "error" in verdicts:
+        return EXIT_ERROR
+    return EXIT_REJECTED if "rejected" in verdicts else EXIT_ADMITTED
 
 
 def _read(path: Path) -> bytes:

@@ -38,6 +38,8 @@ from typing import Any
 
 MAX_FAILURES_PER_REQUEST = 3
 """After this many dead or overrunning children, the rest of a request is skipped."""
+CHILD_OPEN_FILES = 256
+"""RLIMIT_NOFILE of a child: bounds the kernel memory its descriptors can hold."""
 
 
 def main() -> None:
@@ -226,6 +228,8 @@ def _isolate_child(write_fd: int, limits: dict[str, Any], n_ops: int, confined: 
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    # Descriptors hold kernel memory RLIMIT_AS does not count (pipe buffers, epoll, ...).
+    resource.setrlimit(resource.RLIMIT_NOFILE, (CHILD_OPEN_FILES, CHILD_OPEN_FILES))
     if confined:
         import confine
 

@@ -1,0 +1,101 @@
+"""What a worker process holds: its settings and, created lazily per process, one sandbox, one
+Redis client and one archive engine. Installed by `app.configure` in the entry point; reset in
+each forked pool process (sockets and the sandbox are never shared across a fork)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from shared.config import Settings
+from shared.errors import EvoEnvError
+
+if TYPE_CHECKING:
+    import redis
+
+    from evoenv_worker.sandbox.host import Sandbox
+    from shared.db import Archive
+
+
+@dataclass
+class WorkerContext:
+    settings: Settings
+    _sandbox: Sandbox | None = None
+    _redis: redis.Redis | None = None
+    _archive: Archive | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def sandbox(self) -> Sandbox:
+        """This process's sandbox (one request at a time; it serialises callers)."""
+        with self._lock:
+            if self._sandbox is None:
+                from evoenv_worker.sandbox.host import Sandbox
+
+                self._sandbox = Sandbox(self.settings.sandbox)
+            return self._sandbox
+
+    def redis(self) -> redis.Redis:
+        with self._lock:
+            if self._redis is None:
+                from shared.redis_client import connect
+
+                self._redis = connect(self.settings)
+            return self._redis
+
+    def archive(self) -> Archive:
+        with self._lock:
+            if self._archive is None:
+                from shared.db import Archive
+
+                self._archive = Archive(self.settings.archive_url)
+            return self._archive
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sandbox is not None:
+                self._sandbox.close()
+            if self._redis is not None:
+                self._redis.close()
+            if self._archive is not None:
+                self._archive.engine.dispose()
+            self._sandbox = self._redis = self._archive = None
+
+
+_current: WorkerContext | None = None
+
+
+def install(settings: Settings) -> WorkerContext:
+    global _current
+    if _current is not None:
+        _current.close()
+    _current = WorkerContext(settings)
+    return _current
+
+
+def current() -> WorkerContext:
+    if _current is None:
+        raise EvoEnvError(
+            "the worker is not configured: call evoenv_worker.app.configure(settings)"
+        )
+    return _current
+
+
+def settings() -> Settings:
+    return current().settings if _current is not None else Settings()
+
+
+def after_fork() -> None:
+    """In a fresh pool process: forget the parent's connections and sandbox (do not close them:
+    they belong to the parent)."""
+    if _current is not None:
+        _current._sandbox = None
+        _current._redis = None
+        if _current._archive is not None:
+            _current._archive.engine.dispose(close=False)
+        _current._archive = None
+
+
+def close() -> None:
+    if _current is not None:
+        _current.close()

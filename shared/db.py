@@ -1,0 +1,217 @@
+"""The archive: environments, validation reports, policy versions, checkpoints and metrics.
+
+SQLModel over SQLite (WAL, a busy timeout and `BEGIN IMMEDIATE` transactions, so several worker
+processes can write at once without "database is locked") or PostgreSQL (by URL, when workers
+span machines). Rows written by jobs are keyed so that a redelivered job writes nothing twice:
+environments by the sha256 of their source, validation reports by job id. The schema is
+created on first use; `SCHEMA_VERSION` is recorded so later changes can migrate explicitly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import JSON, Column, event
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Engine
+from sqlmodel import Field, Session, SQLModel, create_engine, select
+
+from shared.messages import ValidationReport
+
+SCHEMA_VERSION = 1
+
+ENV_STATUSES = ("seed", "candidate", "admitted", "rejected", "retired", "quarantined")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def source_sha(source: str | bytes) -> str:
+    """The identity of an environment: sha256 of its source bytes."""
+    data = source.encode("utf-8") if isinstance(source, str) else source
+    return hashlib.sha256(data).hexdigest()
+
+
+class EnvironmentRow(SQLModel, table=True):
+    __tablename__ = "environments"
+
+    sha: str = Field(primary_key=True)
+    name: str = Field(index=True)
+    source: str
+    status: str = Field(default="candidate", index=True)
+    origin: str = "user"
+    """seed, generated or user."""
+    parents: list[str] = Field(default_factory=list, sa_column=Column(JSON))
+    stats: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
+    """Validation, calibration, serving difficulty, use counts, error counts."""
+    embedding: list[float] | None = Field(default=None, sa_column=Column(JSON))
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+class ValidationRow(SQLModel, table=True):
+    __tablename__ = "validation_reports"
+
+    job_id: str = Field(primary_key=True)
+    env_sha: str = Field(index=True)
+    file: str
+    name: str | None = None
+    verdict: str
+    failed_stage: str | None = None
+    adhoc: bool = True
+    report: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class ValidationStageRow(SQLModel, table=True):
+    __tablename__ = "validation_stages"
+
+    job_id: str = Field(primary_key=True)
+    stage: str = Field(primary_key=True)
+    ok: bool
+    seconds: float
+    detail: str
+
+
+class SchemaRow(SQLModel, table=True):
+    __tablename__ = "schema_version"
+
+    version: int = Field(primary_key=True)
+    applied_at: datetime = Field(default_factory=utcnow)
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for the archive URL; creates the schema (and the SQLite folder) on first use."""
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
+        event.listen(engine, "connect", _sqlite_connect)
+        event.listen(engine, "begin", _sqlite_begin)
+    else:
+        engine = create_engine(url, pool_pre_ping=True)
+    SQLModel.metadata.create_all(engine)
+    with Session(engine) as session:
+        _insert_ignore(session, SchemaRow, [{"version": SCHEMA_VERSION, "applied_at": utcnow()}])
+        session.commit()
+    return engine
+
+
+def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+    dbapi_connection.isolation_level = None  # let the "begin" hook issue BEGIN IMMEDIATE
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=60000")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def _sqlite_begin(connection: Any) -> None:
+    # Take the write lock at the start: no deadlock upgrading a read transaction to a write.
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _insert_ignore(session: Session, table: type[SQLModel], rows: Sequence[dict[str, Any]]) -> int:
+    """INSERT ... ON CONFLICT DO NOTHING; returns how many rows were new."""
+    if not rows:
+        return 0
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = insert(table).values(list(rows)).on_conflict_do_nothing()  # type: ignore[arg-type]
+    result = session.execute(statement)
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
+class Archive:
+    """The archive's operations. Every write is idempotent by its key."""
+
+    def __init__(self, url: str) -> None:
+        self.engine = make_engine(url)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        with Session(self.engine) as session:
+            yield session
+
+    def add_environment(
+        self,
+        name: str,
+        source: str,
+        *,
+        status: str = "candidate",
+        origin: str = "user",
+        parents: Sequence[str] = (),
+    ) -> str:
+        """Record an environment (once per source); returns its sha."""
+        sha = source_sha(source)
+        now = utcnow()
+        row = {
+            "sha": sha,
+            "name": name,
+            "source": source,
+            "status": status,
+            "origin": origin,
+            "parents": list(parents),
+            "stats": {},
+            "created_at": now,
+            "updated_at": now,
+        }
+        with self.session() as session:
+            _insert_ignore(session, EnvironmentRow, [row])
+            session.commit()
+        return sha
+
+    def environment(self, sha: str) -> EnvironmentRow | None:
+        with self.session() as session:
+            return session.get(EnvironmentRow, sha)
+
+    def environments(self, status: str | None = None) -> list[EnvironmentRow]:
+        with self.session() as session:
+            query = select(EnvironmentRow)
+            if status is not None:
+                query = query.where(EnvironmentRow.status == status)
+            return list(session.exec(query.order_by(EnvironmentRow.created_at)))  # type: ignore[arg-type]
+
+    def record_validation(
+        self, job_id: str, env_sha: str, report: ValidationReport, *, adhoc: bool
+    ) -> bool:
+        """Store a validation report and its stages under the job id; False if already there."""
+        row = {
+            "job_id": job_id,
+            "env_sha": env_sha,
+            "file": report.file,
+            "name": report.name,
+            "verdict": report.verdict,
+            "failed_stage": report.failed_stage,
+            "adhoc": adhoc,
+            "report": report.model_dump(mode="json"),
+            "created_at": utcnow(),
+        }
+        stages = [
+            {
+                "job_id": job_id,
+                "stage": s.stage,
+                "ok": s.ok,
+                "seconds": s.seconds,
+                "detail": s.detail,
+            }
+            for s in report.stages
+        ]
+        with self.session() as session:
+            new = _insert_ignore(session, ValidationRow, [row])
+            if new:
+                _insert_ignore(session, ValidationStageRow, stages)
+            session.commit()
+        return bool(new)
+
+    def validation(self, job_id: str) -> ValidationReport | None:
+        with self.session() as session:
+            row = session.get(ValidationRow, job_id)
+            return None if row is None else ValidationReport.model_validate(row.report)

@@ -1,0 +1,46 @@
+"""Every queue, stream and Redis key name of EvoEnv, in one place.
+
+Keys are namespaced by `PREFIX`; per-run keys (the rollout stream, groups) also carry the run
+name, so several runs can share one Redis.
+"""
+
+from __future__ import annotations
+
+PREFIX = "evoenv"
+
+# Celery queues, split by the resource a job needs (DESIGN.md).
+GENERATION_QUEUE = "generation"
+"""Completions from vLLM: proposals, solver answers, reviews (I/O bound)."""
+VALIDATION_QUEUE = "validation"
+"""Admission of one candidate, ad-hoc validation of a user's file (sandbox CPU)."""
+GRADING_QUEUE = "grading"
+"""Sampling instances and scoring answers (sandbox CPU)."""
+QUEUES = (GENERATION_QUEUE, VALIDATION_QUEUE, GRADING_QUEUE)
+
+POLICY_VERSION = f"{PREFIX}:policy_version"
+"""The learner's monotonic policy version (an integer string)."""
+
+DEAD_LETTERS = f"{PREFIX}:dead_letters"
+"""Hash: task id -> JSON record of a job that failed past its retry/redelivery limit."""
+LAST_ERRORS = f"{PREFIX}:last_errors"
+"""Hash: task id -> the last infrastructure error of a job being retried."""
+
+
+def attempts(task_id: str) -> str:
+    """Counter of deliveries (first run, redeliveries, retries) of one task id."""
+    return f"{PREFIX}:attempts:{task_id}"
+
+
+def rollout_stream(run: str) -> str:
+    """Stream of graded groups of one run; the learner reads it with a consumer group."""
+    return f"{PREFIX}:{run}:rollouts"
+
+
+def group_seen(run: str, group_id: str) -> str:
+    """Marker that a graded group was appended to the stream (its idempotency key)."""
+    return f"{PREFIX}:{run}:group_seen:{group_id}"
+
+
+def group_record(run: str, group_id: str) -> str:
+    """Hash tracking the members of a multi-job group, with its deadline."""
+    return f"{PREFIX}:{run}:group:{group_id}"
