@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     from evoenv_worker.sandbox.host import Sandbox
     from shared.db import Archive
+    from shared.inference import InferenceClient
 
 
 @dataclass
@@ -24,6 +25,7 @@ class WorkerContext:
     _sandbox: Sandbox | None = None
     _redis: redis.Redis | None = None
     _archive: Archive | None = None
+    _inference: InferenceClient | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def sandbox(self) -> Sandbox:
@@ -51,15 +53,27 @@ class WorkerContext:
                 self._archive = Archive(self.settings.archive_url)
             return self._archive
 
+    def inference(self) -> InferenceClient:
+        """This process's client for the policy's vLLM servers (thread-safe)."""
+        with self._lock:
+            if self._inference is None:
+                from evoenv_worker.generate import make_client
+                from shared.policy import read_version
+
+                self._inference = make_client(self.settings, lambda: read_version(self.redis()))
+            return self._inference
+
     def close(self) -> None:
         with self._lock:
+            if self._inference is not None:
+                self._inference.close()
             if self._sandbox is not None:
                 self._sandbox.close()
             if self._redis is not None:
                 self._redis.close()
             if self._archive is not None:
                 self._archive.engine.dispose()
-            self._sandbox = self._redis = self._archive = None
+            self._sandbox = self._redis = self._archive = self._inference = None
 
 
 _current: WorkerContext | None = None
@@ -94,6 +108,7 @@ def after_fork() -> None:
         if _current._archive is not None:
             _current._archive.engine.dispose(close=False)
         _current._archive = None
+        _current._inference = None
 
 
 def close() -> None:

@@ -71,7 +71,7 @@ def check_static(data: bytes, max_bytes: int) -> StaticResult:
     if len(data) > max_bytes:
         return StaticResult(False, f"the file is {len(data)} bytes; the limit is {max_bytes}")
     try:
-        source = data.decode("utf-8")
+        source = data.decode("utf-8-sig")  # a byte-order mark is valid UTF-8 too
     except UnicodeDecodeError as exc:
         return StaticResult(False, f"the file is not UTF-8 text (byte {exc.start})")
     if "\x00" in source:
@@ -107,7 +107,7 @@ def _forbidden(tree: ast.Module) -> str | None:
                     return f"line {line}: 'from {module} import *' is not allowed"
         elif isinstance(node, ast.Name) and node.id in FORBIDDEN_NAMES:
             return f"line {line}: the name {node.id!r} is forbidden"
-        elif isinstance(node, ast.Name) and _is_dunder(node.id):
+        elif isinstance(node, ast.Name) and _is_dunder(node.id) and node.id != "__name__":
             return f"line {line}: the name {node.id!r} is forbidden (dunder names)"
         elif isinstance(node, ast.Attribute) and _is_dunder(node.attr) and node.attr != "__init__":
             return f"line {line}: the attribute {node.attr!r} is forbidden (dunder attributes)"

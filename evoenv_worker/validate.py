@@ -91,7 +91,7 @@ def validate_source(
     name = static.name
     if not record("L1", stages.Check(static.ok, static.detail), started):
         return finish("rejected", "L1")
-    source = data.decode("utf-8")
+    source = data.decode("utf-8-sig")
     runner = SourceRunner(sandbox, source, file)
     fresh = _fresh_factory(sandbox, source, file)
     seeds = list(range(settings.validation.seeds))

@@ -134,6 +134,134 @@ class FlowerSettings(BaseModel):
     """`user:password` required by Flower's pages and API (empty: none)."""
 
 
+class AdmissionSettings(BaseModel):
+    """The model stages of admission and the generator's reward (CONTRACT.md s3, DESIGN.md)."""
+
+    reviews: int = Field(3, ge=1)
+    """K: semantic self-reviews per candidate; any reject blocks admission."""
+    review_temperature: float = 0.6
+    """Sampling temperature of the reviewer."""
+    review_max_tokens: int = 768
+    """Longest review, in tokens."""
+    reviewer_url: str = ""
+    """OpenAI-compatible endpoint of a different reviewer model (empty: the policy's servers)."""
+    reviewer_model: str = ""
+    """Model name at `reviewer_url` (empty: the served policy)."""
+    calibration_instances: int = Field(8, ge=1)
+    """m: fresh instances the solver answers once each at the calibration difficulty."""
+    calibration_difficulty: int | None = None
+    """Difficulty of calibration (None: the middle of the environment's range)."""
+    target_pass_rate: float = 0.3
+    """a*: the pass rate admission and serving aim at."""
+    quality_width: float = 0.2
+    """Width of Q = exp(-(a - a*)^2 / (2 width^2))."""
+    novelty_gate: float = 0.80
+    """A candidate at this similarity or more to a pool member or earlier group member is rejected."""
+    novelty_prompt_weight: float = 0.5
+    """Weight of the prompt embeddings' cosine in the similarity (the code's gets the rest)."""
+    bonus_scale: float = 0.1
+    """B = scale x gamma x clip((band_high - s) / (band_high - band_low), 0, 1)."""
+    bonus_band: tuple[float, float] = (0.45, 0.65)
+    """Similarity band over which the novelty bonus fades from full to zero."""
+    gamma_range: tuple[float, float] = (2.0, 5.0)
+    """gamma moves between these with the repetitiveness of recent generation groups."""
+    repetition_range: tuple[float, float] = (0.3, 0.7)
+    """Mean in-group similarity mapped to the low and high end of gamma_range."""
+    repetition_window: int = Field(8, ge=1)
+    """Generation groups over which repetitiveness is averaged."""
+    reward_fail_static: float = -1.0
+    """Generator reward of a candidate failing L1, L2, L3 or L4."""
+    reward_fail_scorer: float = -0.5
+    """Generator reward of a candidate failing L5."""
+    reward_pass: float = 1.0
+    """Base generator reward of a candidate passing L1-L5 (plus Q and B)."""
+    group_deadline: float = Field(1800.0, gt=0)
+    """Seconds after which members of a generation group still running are counted failed."""
+    serving_rounds: int = Field(4, ge=0)
+    """Rounds of the serving-difficulty search after admission (0: serve at calibration level)."""
+
+
+class PoolSettings(BaseModel):
+    """The pool of admitted environments: sampling, rotation and quarantine."""
+
+    seed_share: float = Field(0.2, ge=0, le=1)
+    """Least share of solver sampling that goes to the ten seeds."""
+    retire_after_epochs: int = Field(50, ge=1)
+    """An admitted environment retires after this many epochs of use."""
+    epoch_instances: int = Field(64, ge=1)
+    """Instances served that count as one epoch of use of an environment."""
+    quarantine_error_rate: float = Field(0.2, gt=0, le=1)
+    """env_error rate beyond which an admitted environment is quarantined..."""
+    quarantine_min_gradings: int = Field(16, ge=1)
+    """...once it has at least this many gradings."""
+
+
+class GrpoSettings(BaseModel):
+    """The role-conditioned GRPO objective and the optimiser."""
+
+    group_size: int = Field(8, ge=2)
+    """G: completions per prompt (solver) or candidates per proposal (generator)."""
+    generator_advantage_scale: float = 0.3
+    """The generator's advantages are multiplied by this."""
+    clip_low: float = 0.2
+    """Importance ratios are clipped to [1 - clip_low, 1 + clip_high]."""
+    clip_high: float = 0.28
+    kl_coef: float = 0.0
+    """Weight of the KL penalty to the reference model (0: no reference model is kept)."""
+    learning_rate: float = 1e-6
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    batch_groups: int = Field(4, ge=1)
+    """Groups per optimiser step (gradient accumulation over them)."""
+    micro_batch: int = Field(4, ge=1)
+    """Sequences per forward/backward pass."""
+    temperature: float = 1.0
+    """The solver's training temperature (sampling and log-prob computation)."""
+    max_tokens: int = 512
+    """Longest solver completion, in tokens."""
+    generator_max_tokens: int = 1536
+    """Longest generator completion (an environment file), in tokens."""
+
+
+class LearnerSettings(BaseModel):
+    """The learner process: orchestration, staleness, checkpoints, pushes and evaluation."""
+
+    steps: int = Field(0, ge=0)
+    """Optimiser steps to run before stopping (0: until stopped)."""
+    max_staleness: int = Field(4, ge=0)
+    """Groups sampled more than this many policy versions ago are dropped (counted, logged)."""
+    solver_groups_in_flight: int = Field(4, ge=0)
+    """Solver groups kept in flight through the queues."""
+    generator_groups_in_flight: int = Field(1, ge=0)
+    """Generation groups (proposals + admission) kept in flight."""
+    generator_share: float = Field(0.25, ge=0, le=1)
+    """Share of trained groups that are generator groups (the solver/generator mix)."""
+    stream_backlog: int = Field(16, ge=1)
+    """Submit no new jobs while this many graded groups wait unread in the stream."""
+    checkpoint_every: int = Field(5, ge=1)
+    """Write a checkpoint every N optimiser steps (and on shutdown)."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """Checkpoints kept on disk."""
+    push_every: int = Field(1, ge=1)
+    """Push the new weights to the vLLM servers every k steps."""
+    publisher: Literal["reload", "nccl"] = "reload"
+    """How weights reach the servers: safetensors + reload_weights (CPU and GPU) or NCCL (GPU)."""
+    eval_every: int = Field(10, ge=1)
+    """Evaluate the served policy on held-out instances every k steps."""
+    eval_instances: int = Field(16, ge=1)
+    """Held-out instances per evaluation (evaluation seed range)."""
+    eval_difficulty: int | None = None
+    """Difficulty of held-out evaluation (None: each environment's serving difficulty)."""
+    difficulty: int | None = None
+    """Serve solver instances at this difficulty (None: each environment's serving difficulty)."""
+    environments: list[str] = []
+    """Restrict solver sampling to these environment names (empty: the whole pool)."""
+    prompt_budget: int = Field(1536, ge=64)
+    """Longest solver prompt served, in tokens; longer instances are served one level easier."""
+    run_dir: Path | None = None
+    """Checkpoints, TensorBoard logs and reports (None: DATA_DIR/runs/RUN)."""
+
+
 class Settings(BaseSettings):
     """All of EvoEnv's settings. Build once with `Settings()` in an entry point."""
 
@@ -163,6 +291,10 @@ class Settings(BaseSettings):
     validation: ValidationSettings = ValidationSettings()
     worker: WorkerSettings = WorkerSettings()
     flower: FlowerSettings = FlowerSettings()
+    admission: AdmissionSettings = AdmissionSettings()
+    pool: PoolSettings = PoolSettings()
+    grpo: GrpoSettings = GrpoSettings()
+    learner: LearnerSettings = LearnerSettings()
     serve: ServeSettings = ServeSettings()
 
     @field_validator("vllm_urls", mode="before")
@@ -176,6 +308,11 @@ class Settings(BaseSettings):
     @classmethod
     def _expand(cls, value: Path) -> Path:
         return value.expanduser()
+
+    @property
+    def run_dir(self) -> Path:
+        """The run folder: checkpoints, TensorBoard logs, reports."""
+        return (self.learner.run_dir or self.data_dir / "runs" / self.run).expanduser()
 
     @property
     def archive_url(self) -> str:

@@ -50,7 +50,8 @@ class EnvironmentRow(SQLModel, table=True):
     parents: list[str] = Field(default_factory=list, sa_column=Column(JSON))
     stats: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
     """Validation, calibration, serving difficulty, use counts, error counts."""
-    embedding: list[float] | None = Field(default=None, sa_column=Column(JSON))
+    embedding: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    """Novelty embeddings of the prompt and the code (see evoenv_worker/novelty.py)."""
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
 

@@ -4,6 +4,7 @@
     ├── SandboxUnavailable   the sandbox cannot start here (a missing tool, a kernel too old)
     ├── SandboxFailure       the running sandbox broke down (not the environment's fault)
     ├── ServiceUnavailable   Redis, the database or a model server cannot be reached
+    ├── PoolEmpty            the pool has nothing to sample (the seeds were never recorded?)
     └── UsageError           bad input from a person: one line that says what to fix
 
 A broken *environment* is never an exception: it is a result (a failed stage with a reason,
@@ -27,6 +28,10 @@ class SandboxFailure(EvoEnvError):
 
 class ServiceUnavailable(EvoEnvError):
     """A service EvoEnv depends on (Redis, the database, a model server) cannot be reached."""
+
+
+class PoolEmpty(EvoEnvError):
+    """The pool has no active member to sample (the seeds were never recorded?)."""
 
 
 class UsageError(EvoEnvError):

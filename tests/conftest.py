@@ -7,7 +7,6 @@ failure, never a skip.
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -16,23 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import free_port, missing
 
 REPO = Path(__file__).resolve().parents[1]
 SEEDS_DIR = REPO / "seeds"
-IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def missing(what: str) -> None:
-    """A service the test needs is missing: fail under CI, skip on a developer's machine."""
-    if IN_CI:
-        pytest.fail(f"{what} (required under CI=true)")
-    pytest.skip(what)
 
 
 class RedisServer:

@@ -6,6 +6,7 @@ import sys
 
 import typer
 from pydantic import ValidationError
+from typer.exceptions import TyperException
 
 from evoenv_worker import __version__
 from evoenv_worker.cli import cluster, envs
@@ -50,8 +51,22 @@ def root(
 
 
 def main() -> None:
+    """The console script: usage errors are one line on stderr and exit code 2."""
     try:
-        app()
+        code = app(standalone_mode=False)
     except UsageError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    except TyperException as exc:  # typer's command-line parsing errors
+        ctx = getattr(exc, "ctx", None)
+        if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+            typer.echo(ctx.get_help())
+            sys.exit(0)
+        where = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        typer.echo(f"error: {message}{where}", err=True)
+        sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -141,7 +141,9 @@ def sample(
 
 def validate(
     ctx: typer.Context,
-    files: list[Path] = typer.Argument(..., help="Environment files to validate."),
+    files: list[Path] = typer.Argument(
+        ..., help="Environment files to validate.", exists=False, readable=False, dir_okay=True
+    ),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per file, one per line."),
     queue: bool = typer.Option(
         False, "--queue", help="Run as jobs on the cluster's validation queue."

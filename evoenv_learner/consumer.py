@@ -1,0 +1,150 @@
+"""The rollout consumer: reads graded groups from the run's stream with a consumer group.
+
+Exactly-once training over at-least-once delivery:
+
+- entries are read with XREADGROUP, so each is delivered to one consumer and stays *pending*
+  until acknowledged;
+- the learner acknowledges (XACK) and deletes (XDEL) an entry only once a checkpoint that
+  includes it is written: `take_for_checkpoint` hands the checkpoint the ids trained since the
+  last one, `acknowledge` is called after the checkpoint is on disk;
+- on resume, ids the checkpoint recorded but never acknowledged are acknowledged first (they
+  are in the weights already), then the consumer re-reads its own pending entries (read but
+  not in any checkpoint: the weights were rolled back, so training on them again is right);
+- entries left pending by a dead consumer for `claim_idle_ms` are reclaimed (XAUTOCLAIM);
+- groups older than `max_staleness` policy versions are dropped, counted and logged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+import structlog
+from pydantic import ValidationError
+
+from shared import keys
+from shared.messages import GradedGroup
+from shared.rollouts import decode_entry
+
+log = structlog.get_logger(__name__)
+
+GROUP = "learner"
+
+
+@dataclass
+class ConsumerStats:
+    read: int = 0
+    stale: int = 0
+    malformed: int = 0
+    duplicates: int = 0
+    reclaimed: int = 0
+
+
+@dataclass
+class RolloutConsumer:
+    client: aioredis.Redis
+    run: str
+    consumer: str
+    max_staleness: int
+    claim_idle_ms: int = 60_000
+    stats: ConsumerStats = field(default_factory=ConsumerStats)
+    _unacked: list[str] = field(default_factory=list)
+    """Ids consumed (trained, dropped or malformed) since the last checkpoint."""
+    _seen: set[str] = field(default_factory=set)
+    _backlog_done: bool = False
+
+    @property
+    def stream(self) -> str:
+        return keys.rollout_stream(self.run)
+
+    async def start(self, checkpointed_unacked: list[str] | None = None) -> None:
+        """Create the consumer group if needed; settle what the last checkpoint included."""
+        try:
+            await self.client.xgroup_create(self.stream, GROUP, id="0", mkstream=True)
+        except aioredis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        if checkpointed_unacked:
+            self._seen.update(checkpointed_unacked)
+            await self.acknowledge(list(checkpointed_unacked))
+
+    async def read(self, count: int, block_ms: int, current_version: int) -> list[GradedGroup]:
+        """Up to `count` fresh groups: own pending first (after a restart), then reclaimed
+        ones, then new ones (blocking up to `block_ms`)."""
+        entries: list[tuple[str, dict[bytes, bytes]]] = []
+        if not self._backlog_done:
+            entries += await self._xread("0", count, None)
+            self._backlog_done = len(entries) < count
+        if len(entries) < count:
+            entries += await self._reclaim(count - len(entries))
+        if len(entries) < count:
+            entries += await self._xread(">", count - len(entries), block_ms)
+        return [g for g in (self._accept(eid, f, current_version) for eid, f in entries) if g]
+
+    async def _xread(self, start: str, count: int, block_ms: int | None) -> list[tuple[str, dict[bytes, bytes]]]:
+        reply = await self.client.xreadgroup(GROUP, self.consumer, {self.stream: start}, count=count,
+                                             block=block_ms)
+        out: list[tuple[str, dict[bytes, bytes]]] = []
+        for _stream, messages in reply or []:
+            out += [(_id(eid), fields) for eid, fields in messages if fields]
+        return out
+
+    async def _reclaim(self, count: int) -> list[tuple[str, dict[bytes, bytes]]]:
+        reply = await self.client.xautoclaim(self.stream, GROUP, self.consumer,
+                                             min_idle_time=self.claim_idle_ms, start_id="0-0", count=count)
+        messages = reply[1] if reply else []
+        claimed = [(_id(eid), fields) for eid, fields in messages if fields]
+        if claimed:
+            self.stats.reclaimed += len(claimed)
+            log.info("rollouts_reclaimed", count=len(claimed))
+        return claimed
+
+    def _accept(self, entry_id: str, fields: dict[bytes, bytes], current_version: int) -> GradedGroup | None:
+        if entry_id in self._seen:
+            self.stats.duplicates += 1
+            return None
+        self._seen.add(entry_id)
+        self._unacked.append(entry_id)
+        try:
+            group = decode_entry(fields)
+        except (ValidationError, KeyError) as exc:
+            self.stats.malformed += 1
+            log.error("rollout_malformed", entry=entry_id, error=str(exc)[:300])
+            return None
+        if current_version - group.policy_version > self.max_staleness:
+            self.stats.stale += 1
+            log.info("rollout_stale", entry=entry_id, group=group.group_id,
+                     version=group.policy_version, current=current_version)
+            return None
+        self.stats.read += 1
+        return group
+
+    def take_for_checkpoint(self) -> list[str]:
+        """The ids consumed since the last checkpoint: store them in the checkpoint, then call
+        `acknowledge` with them once it is written."""
+        ids, self._unacked = self._unacked, []
+        return ids
+
+    async def acknowledge(self, ids: list[str]) -> None:
+        if not ids:
+            return
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.xack(self.stream, GROUP, *ids)
+            pipe.xdel(self.stream, *ids)
+            await pipe.execute()
+
+    async def backlog(self) -> int:
+        """Entries in the stream not yet delivered to the learner."""
+        try:
+            groups = await self.client.xinfo_groups(self.stream)
+        except aioredis.ResponseError:
+            return 0
+        for info in groups:
+            if _id(info.get("name", b"")) == GROUP:
+                lag = info.get("lag")
+                return int(lag) if lag is not None else 0
+        return 0
+
+
+def _id(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,189 @@
+"""The generator's reward (DESIGN.md, "The generator's reward"): pure functions, no I/O.
+
+| candidate          | reward                                     |
+| ------------------ | ------------------------------------------ |
+| fails L1-L4        | `reward_fail_static` (-1.0)                |
+| fails L5           | `reward_fail_scorer` (-0.5)                |
+| passes L1-L5       | `reward_pass` (1.0) + Q + B, whatever review decides |
+
+- Q = exp(-(a - a*)^2 / (2 w^2)), a the calibration pass rate, a* = `target_pass_rate` (0.3),
+  w = `quality_width` (0.2). Q is computed even when a is 0 or 1: that bars admission but
+  still tells the generator how far off it was.
+- B = `bonus_scale` x gamma x clip((high - s) / (high - low), 0, 1), s the novelty similarity,
+  (low, high) = `bonus_band` (0.45, 0.65).
+- gamma moves linearly across `gamma_range` (2 to 5) as the repetitiveness of the last
+  `repetition_window` generation groups (the mean pairwise similarity of the candidates within
+  each group, averaged over the groups) moves across `repetition_range` (0.3 to 0.7), clipped.
+
+A stage that could not produce its figure (calibration or novelty lost to an infrastructure
+failure: `pass_rate` or `similarity` is None) adds nothing to the reward; the parts record it
+as None. Review verdicts never enter the reward.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from shared.config import AdmissionSettings
+
+STATIC_STAGES = ("L1", "L2", "L3", "L4")
+"""Failing one of these earns `reward_fail_static`."""
+SCORER_STAGE = "L5"
+"""Failing this earns `reward_fail_scorer`."""
+MODEL_STAGES = ("review", "calibration", "novelty")
+"""Failing one of these still earns the pass reward: the candidate passed L1-L5."""
+
+
+class RewardParts(BaseModel):
+    """One candidate's generator reward and how it was made up."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    total: float
+    """The reward the generator is trained with."""
+    base: float
+    """The table's entry for how far the candidate got."""
+    quality: float | None = None
+    """Q; None when the candidate failed L1-L5 or calibration produced no pass rate."""
+    bonus: float | None = None
+    """B; None when the candidate failed L1-L5 or novelty produced no similarity."""
+    gamma: float | None = None
+    """The gamma B was computed with (None when B was not)."""
+    failed_stage: str | None = None
+    """The first stage the candidate failed (None: every stage passed)."""
+
+
+def quality(a: float, settings: AdmissionSettings) -> float:
+    """Q = exp(-(a - a*)^2 / (2 w^2)): 1.0 at the target pass rate, smaller away from it."""
+    width = settings.quality_width
+    return math.exp(-((a - settings.target_pass_rate) ** 2) / (2.0 * width * width))
+
+
+def novelty_bonus(s: float, gamma: float, settings: AdmissionSettings) -> float:
+    """B = scale x gamma x clip((high - s) / (high - low), 0, 1): full below the band, 0 above."""
+    low, high = settings.bonus_band
+    fade = _clip((high - s) / (high - low), 0.0, 1.0)
+    return settings.bonus_scale * gamma * fade
+
+
+def gamma_for(repetitiveness: float | None, settings: AdmissionSettings) -> float:
+    """gamma, linear in repetitiveness across `repetition_range`, clipped to `gamma_range`.
+
+    With no history yet (None) gamma is the low end of its range.
+    """
+    g_low, g_high = settings.gamma_range
+    if repetitiveness is None:
+        return g_low
+    r_low, r_high = settings.repetition_range
+    if r_high == r_low:
+        position = 0.0 if repetitiveness < r_low else 1.0
+    else:
+        position = _clip((repetitiveness - r_low) / (r_high - r_low), 0.0, 1.0)
+    return g_low + (g_high - g_low) * position
+
+
+def generator_reward(
+    failed_stage: str | None,
+    pass_rate: float | None,
+    similarity: float | None,
+    gamma: float,
+    settings: AdmissionSettings,
+) -> RewardParts:
+    """The generator's reward of one candidate, from the first stage it failed (None: none).
+
+    `pass_rate` and `similarity` are the calibration and novelty figures; they are only used
+    when the candidate passed L1-L5 (review, calibration or novelty may still have rejected it:
+    the reward ignores that). Raises ValueError for a stage name the contract does not know.
+    """
+    if failed_stage in STATIC_STAGES:
+        return RewardParts(
+            total=settings.reward_fail_static,
+            base=settings.reward_fail_static,
+            failed_stage=failed_stage,
+        )
+    if failed_stage == SCORER_STAGE:
+        return RewardParts(
+            total=settings.reward_fail_scorer,
+            base=settings.reward_fail_scorer,
+            failed_stage=failed_stage,
+        )
+    if failed_stage is not None and failed_stage not in MODEL_STAGES:
+        known = ", ".join((*STATIC_STAGES, SCORER_STAGE, *MODEL_STAGES))
+        raise ValueError(f"unknown stage {failed_stage!r}; expected one of {known} or None")
+    q = None if pass_rate is None else quality(pass_rate, settings)
+    b = None if similarity is None else novelty_bonus(similarity, gamma, settings)
+    base = settings.reward_pass
+    return RewardParts(
+        total=base + (q or 0.0) + (b or 0.0),
+        base=base,
+        quality=q,
+        bonus=b,
+        gamma=None if b is None else gamma,
+        failed_stage=failed_stage,
+    )
+
+
+def mean_pairwise_similarity(matrix: Sequence[Sequence[float]]) -> float | None:
+    """Mean of the similarities between distinct candidates of one group.
+
+    `matrix[i][j]` is the similarity of candidates i and j (symmetric; the diagonal is
+    ignored, and only i < j is read). None for a group of fewer than two candidates.
+    """
+    n = len(matrix)
+    if n < 2:
+        return None
+    for row in matrix:
+        if len(row) != n:
+            raise ValueError(
+                f"the similarity matrix must be square, got a row of {len(row)} in {n}"
+            )
+    pairs = [matrix[i][j] for i in range(n) for j in range(i + 1, n)]
+    return sum(pairs) / len(pairs)
+
+
+class RepetitionTracker:
+    """Repetitiveness of recent generation groups: the running mean, over the last `window`
+    groups, of each group's mean pairwise similarity. Its `values` are the state to checkpoint.
+    """
+
+    def __init__(self, window: int, values: Iterable[float] = ()) -> None:
+        if window < 1:
+            raise ValueError(f"window must be at least 1, got {window}")
+        self._values: deque[float] = deque(values, maxlen=window)
+
+    @property
+    def values(self) -> list[float]:
+        """The per-group means in the window, oldest first."""
+        return list(self._values)
+
+    def add(self, group_mean: float) -> None:
+        """Record one group's mean pairwise similarity."""
+        self._values.append(group_mean)
+
+    def add_group(self, matrix: Sequence[Sequence[float]]) -> float | None:
+        """Record one group from its similarity matrix; a group of fewer than two counts not."""
+        mean = mean_pairwise_similarity(matrix)
+        if mean is not None:
+            self.add(mean)
+        return mean
+
+    @property
+    def repetitiveness(self) -> float | None:
+        """The mean over the window; None before the first group."""
+        if not self._values:
+            return None
+        return sum(self._values) / len(self._values)
+
+    def gamma(self, settings: AdmissionSettings) -> float:
+        """gamma for the current repetitiveness (the low end before the first group)."""
+        return gamma_for(self.repetitiveness, settings)
+
+
+def _clip(value: float, low: float, high: float) -> float:
+    return min(max(value, low), high)

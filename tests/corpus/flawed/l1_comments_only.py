@@ -1,0 +1,3 @@
+# expect: L1
+# why: the file holds only comments: no import of Environment and no class at all.
+# detail: Environment

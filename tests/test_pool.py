@@ -1,0 +1,248 @@
+"""The pool on a SQLite archive: seeds, the seed floor, rotation and quarantine."""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import structlog
+
+from evoenv_learner.pool import Pool, PoolEmpty, seed_pool
+from shared.config import PoolSettings
+from shared.db import Archive, EnvironmentRow, source_sha
+from shared.errors import UsageError
+
+SEEDS_DIR = Path(__file__).resolve().parents[1] / "seeds"
+
+
+@pytest.fixture
+def archive(tmp_path: Path) -> Archive:
+    return Archive(f"sqlite:///{tmp_path / 'archive.db'}")
+
+
+def add_admitted(archive: Archive, count: int) -> list[str]:
+    """Admitted environments with distinct (fake) sources, in one transaction; never run."""
+    rows = [
+        EnvironmentRow(
+            sha=source_sha(f"# generated {i}\n"),
+            name=f"generated_{i}",
+            source=f"# generated {i}\n",
+            status="admitted",
+            origin="generated",
+        )
+        for i in range(count)
+    ]
+    shas = [row.sha for row in rows]
+    with archive.session() as session:
+        session.add_all(rows)
+        session.commit()
+    return shas
+
+
+def status_of(archive: Archive, sha: str) -> str:
+    row = archive.environment(sha)
+    assert row is not None
+    return row.status
+
+
+def test_seed_pool_records_the_ten_seeds_once(archive: Archive) -> None:
+    shas = seed_pool(archive, SEEDS_DIR)
+    assert len(shas) == len(set(shas)) == 10
+    rows = archive.environments("seed")
+    assert {r.sha for r in rows} == set(shas)
+    assert {r.origin for r in rows} == {"seed"}
+    assert {r.name for r in rows} == {p.stem for p in SEEDS_DIR.glob("*.py")}
+
+    pool = Pool(archive, PoolSettings())
+    pool.record_use(shas[0], 5)
+    assert seed_pool(archive, SEEDS_DIR) == shas  # idempotent by content hash...
+    assert len(archive.environments()) == 10
+    row = archive.environment(shas[0])
+    assert row is not None and row.stats["uses"] == 5  # ...and the stats are kept
+
+
+def test_seed_pool_retires_a_superseded_seed(archive: Archive, tmp_path: Path) -> None:
+    folder = tmp_path / "seeds"
+    shutil.copytree(SEEDS_DIR, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    old = seed_pool(archive, folder)
+    edited = folder / "sort_words.py"
+    edited.write_text(edited.read_text() + "\n# edited\n")
+    new = seed_pool(archive, folder)
+    (gone,) = set(old) - set(new)
+    assert status_of(archive, gone) == "retired"
+    assert len(archive.environments("seed")) == 10
+    assert len(Pool(archive, PoolSettings()).seeds) == 10
+
+
+def test_seed_pool_refuses_an_empty_or_broken_folder(archive: Archive, tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="no seed"):
+        seed_pool(archive, tmp_path)
+    (tmp_path / "broken.py").write_text("class X:\n    pass\n")
+    with pytest.raises(UsageError, match="fails L1"):
+        seed_pool(archive, tmp_path)
+
+
+def test_seed_share_never_drops_below_the_floor(archive: Archive) -> None:
+    seed_pool(archive, SEEDS_DIR)
+    add_admitted(archive, 200)
+    settings = PoolSettings()
+    pool = Pool(archive, settings)
+    assert (len(pool.seeds), len(pool)) == (10, 210)
+
+    draws = 10_000
+    rng = random.Random(1234)
+    picks = [pool.choose(rng) for _ in range(draws)]
+    share = sum(p.is_seed for p in picks) / draws
+
+    # With probability 0.2 a seed, else uniform over all 210 members (10 seeds among them):
+    # the seeds' share is p = 0.2 + 0.8 x 10/210 = 0.2381. Over n = 10,000 independent draws
+    # the observed share has standard deviation sqrt(p(1-p)/n) = 0.0043, so the floor 0.2 lies
+    # 8.9 standard deviations below p (a false failure has probability < 1e-18), and the
+    # observed share stays within 4 standard deviations of p (false failure ~ 6e-5).
+    p = settings.seed_share + (1 - settings.seed_share) * 10 / 210
+    sd = math.sqrt(p * (1 - p) / draws)
+    assert share >= settings.seed_share
+    assert abs(share - p) < 4 * sd
+    seeds_drawn = Counter(pick.name for pick in picks if pick.is_seed)
+    assert len(seeds_drawn) == 10  # every seed gets its turn
+
+
+@pytest.mark.parametrize("admitted", [0, 10, 2000])
+def test_seed_floor_at_any_pool_size(archive: Archive, admitted: int) -> None:
+    seed_pool(archive, SEEDS_DIR)
+    add_admitted(archive, admitted)
+    pool = Pool(archive, PoolSettings())
+    draws = 10_000
+    rng = random.Random(admitted)
+    share = sum(pool.choose(rng).is_seed for _ in range(draws)) / draws
+    # The true share is at least 0.2 (exactly 1 with seeds alone); the observed one may sit
+    # below it by noise only: 4 standard deviations of a 0.2 share over 10,000 draws,
+    # 4 x sqrt(0.2 x 0.8 / 10,000) = 0.016 (one-sided false failure ~ 3e-5).
+    assert share >= 0.2 - 4 * math.sqrt(0.2 * 0.8 / draws)
+    if admitted == 0:
+        assert share == 1.0
+
+
+def test_empty_pool_raises(archive: Archive) -> None:
+    with pytest.raises(PoolEmpty):
+        Pool(archive, PoolSettings()).choose(random.Random(0))
+
+
+def test_rotation_retires_after_the_configured_epochs(archive: Archive) -> None:
+    seeds = seed_pool(archive, SEEDS_DIR)
+    (sha,) = add_admitted(archive, 1)
+    settings = PoolSettings(retire_after_epochs=3, epoch_instances=4)
+    pool = Pool(archive, settings)
+    assert sha in pool
+
+    for _ in range(11):  # 11 instances: 2 whole epochs
+        assert pool.record_use(sha, 1) == "admitted"
+    row = archive.environment(sha)
+    assert row is not None and (row.stats["uses"], row.stats["epochs"]) == (11, 2)
+    assert sha in pool
+
+    with structlog.testing.capture_logs() as logs:
+        assert pool.record_use(sha, 1) == "retired"  # the 12th instance ends epoch 3
+    assert status_of(archive, sha) == "retired"
+    row = archive.environment(sha)
+    assert row is not None and row.stats["retired"]["reason"] == "rotation"
+    assert any(e["event"] == "env_retired" and e["env_sha"] == sha for e in logs)
+    assert sha not in pool
+    rng = random.Random(0)
+    assert all(pool.choose(rng).sha != sha for _ in range(2000))
+    assert sha not in Pool(archive, settings)  # a fresh pool reads the same from the archive
+
+    assert pool.record_use(seeds[0], 1000) == "seed"  # seeds never retire
+    assert seeds[0] in pool
+
+
+def test_quarantine_after_repeated_env_errors(archive: Archive) -> None:
+    seeds = seed_pool(archive, SEEDS_DIR)
+    (sha,) = add_admitted(archive, 1)
+    pool = Pool(archive, PoolSettings(quarantine_error_rate=0.2, quarantine_min_gradings=16))
+
+    assert pool.record_gradings(sha, 4, 4) == "admitted"  # 100 % but only 4 gradings
+    assert pool.record_gradings(sha, 8, 0, passes=3, difficulty=5) == "admitted"
+    assert pool.record_gradings(sha, 8, 0) == "admitted"  # 20 gradings, 4 errors: 0.20, not above
+    with structlog.testing.capture_logs() as logs:
+        assert pool.record_gradings(sha, 8, 2) == "quarantined"  # 28 gradings, 6 errors: 0.21
+    row = archive.environment(sha)
+    assert row is not None and row.status == "quarantined"
+    assert (row.stats["gradings"], row.stats["env_errors"]) == (28, 6)
+    assert row.stats["quarantine"]["rate"] == pytest.approx(6 / 28)
+    assert row.stats["served"] == {"5": {"scored": 8, "passes": 3}}
+    (event,) = [e for e in logs if e["event"] == "env_quarantined"]
+    assert event["env_sha"] == sha and event["log_level"] == "warning"
+    assert sha not in pool
+
+    for _ in range(10):  # a seed is never quarantined: its errors are a bug to look into
+        assert pool.record_gradings(seeds[0], 8, 8) == "seed"
+    assert seeds[0] in pool
+
+
+def test_serving_difficulty_and_history_are_kept(archive: Archive) -> None:
+    (sha,) = add_admitted(archive, 1)
+    with archive.session() as session:  # admission's own figures must survive our updates
+        row = session.get(EnvironmentRow, sha)
+        assert row is not None
+        row.stats = {"calibration_difficulty": 5, "pass_rate": 0.25}
+        session.add(row)
+        session.commit()
+    pool = Pool(archive, PoolSettings())
+    assert pool.members[0].difficulty == 5  # before any search: the calibration difficulty
+
+    pool.set_serving_difficulty(sha, 7, {5: 0.75, 8: 0.125, 7: 0.25})
+    pool.set_serving_difficulty(sha, 6, {7: 0.125, 6: 0.375})
+    pool.record_use(sha, 3)
+    row = archive.environment(sha)
+    assert row is not None
+    assert row.stats["calibration_difficulty"] == 5 and row.stats["pass_rate"] == 0.25
+    assert row.stats["serving_difficulty"] == 6
+    assert row.stats["serving_curve"] == {"6": 0.375, "7": 0.125}
+    assert [h["level"] for h in row.stats["pass_rate_history"]] == [7, 6]
+    assert pool.members[0].difficulty == 6
+    assert Pool(archive, PoolSettings()).members[0].difficulty == 6
+
+
+def test_new_admissions_join_on_refresh(archive: Archive) -> None:
+    seed_pool(archive, SEEDS_DIR)
+    now = [0.0]
+    pool = Pool(archive, PoolSettings(), refresh_seconds=10.0, clock=lambda: now[0])
+    (sha,) = add_admitted(archive, 1)
+    assert sha not in pool
+    now[0] = 10.0
+    pool.choose(random.Random(0))  # past refresh_seconds: re-read the archive
+    assert sha in pool and len(pool) == 11
+
+
+def test_manual_retire_spares_seeds(archive: Archive) -> None:
+    seeds = seed_pool(archive, SEEDS_DIR)
+    (sha,) = add_admitted(archive, 1)
+    pool = Pool(archive, PoolSettings())
+    pool.retire(sha)
+    assert status_of(archive, sha) == "retired" and sha not in pool
+    with pytest.raises(UsageError):
+        pool.retire(seeds[0])
+    assert status_of(archive, seeds[0]) == "seed"
+
+
+def test_concurrent_updates_lose_no_count(archive: Archive) -> None:
+    (sha,) = add_admitted(archive, 1)
+    settings = PoolSettings(retire_after_epochs=1000)
+    pools = [Pool(archive, settings) for _ in range(4)]
+
+    def work(pool: Pool) -> None:
+        for _ in range(25):
+            pool.record_use(sha, 1)
+            pool.record_gradings(sha, 2, 0)
+
+    with ThreadPoolExecutor(len(pools)) as executor:
+        list(executor.map(work, pools))
+    row = archive.environment(sha)
+    assert row is not None
+    assert (row.stats["uses"], row.stats["gradings"]) == (100, 200)
