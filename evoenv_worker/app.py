@@ -15,10 +15,12 @@ import structlog
 from celery import Celery, signals
 from kombu import Queue
 
+from evoenv_worker import broker
 from shared import keys
 from shared.config import Settings
 from shared.logging import configure_logging
 
+broker.install()  # queue entries that are not messages are dropped, not fatal
 app = Celery("evoenv", set_as_current=True)
 app.conf.update(worker_hijack_root_logger=False)
 
@@ -27,6 +29,12 @@ ROUTES = {
     "evoenv.sample": keys.GRADING_QUEUE,
     "evoenv.grade": keys.GRADING_QUEUE,
     "evoenv.complete": keys.GENERATION_QUEUE,
+    "evoenv.propose": keys.GENERATION_QUEUE,
+    "evoenv.review": keys.GENERATION_QUEUE,
+    "evoenv.calibrate_sample": keys.GRADING_QUEUE,
+    "evoenv.calibrate_complete": keys.GENERATION_QUEUE,
+    "evoenv.calibrate_grade": keys.GRADING_QUEUE,
+    "evoenv.novelty": keys.VALIDATION_QUEUE,
 }
 
 
@@ -37,12 +45,22 @@ def configure(settings: Settings) -> Celery:
     w = settings.worker
     limits = {
         "evoenv.validate": w.validate_time_limit,
+        "evoenv.novelty": w.validate_time_limit,
         "evoenv.sample": w.grade_time_limit,
         "evoenv.grade": w.grade_time_limit,
+        "evoenv.calibrate_sample": w.grade_time_limit,
+        "evoenv.calibrate_grade": w.grade_time_limit,
         "evoenv.complete": w.complete_time_limit,
+        "evoenv.propose": w.complete_time_limit,
+        "evoenv.review": w.complete_time_limit,
+        "evoenv.calibrate_complete": w.complete_time_limit,
     }
     redis_options = {
         "visibility_timeout": int(w.visibility_timeout),
+        # Sweep for jobs of dead workers often (kombu's default is every ~100 s), so a job
+        # whose visibility timeout ran out is handed out again soon after.
+        "unacked_restore_interval": max(1, min(10, int(w.visibility_timeout // 10))),
+        "unacked_restore_throttle": 1,
         "socket_connect_timeout": w.connect_timeout,
         "socket_keepalive": True,
         "retry_on_timeout": True,

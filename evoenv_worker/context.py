@@ -14,6 +14,7 @@ from shared.errors import EvoEnvError
 if TYPE_CHECKING:
     import redis
 
+    from evoenv_worker.novelty import Embedder
     from evoenv_worker.sandbox.host import Sandbox
     from shared.db import Archive
     from shared.inference import InferenceClient
@@ -26,6 +27,8 @@ class WorkerContext:
     _redis: redis.Redis | None = None
     _archive: Archive | None = None
     _inference: InferenceClient | None = None
+    _reviewer: InferenceClient | None = None
+    _embedder: Embedder | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def sandbox(self) -> Sandbox:
@@ -63,8 +66,32 @@ class WorkerContext:
                 self._inference = make_client(self.settings, lambda: read_version(self.redis()))
             return self._inference
 
+    def reviewer(self) -> InferenceClient:
+        """The reviewer's client: the policy's servers unless another endpoint is configured."""
+        a = self.settings.admission
+        if not a.reviewer_url:
+            return self.inference()
+        with self._lock:
+            if self._reviewer is None:
+                from shared.inference import InferenceClient
+
+                self._reviewer = InferenceClient([a.reviewer_url], a.reviewer_model or self.settings.model,
+                                                 connect_timeout=self.settings.worker.connect_timeout)
+            return self._reviewer
+
+    def embedder(self) -> Embedder:
+        """The novelty embedder (all-MiniLM-L6-v2), loaded once per process on first use."""
+        with self._lock:
+            if self._embedder is None:
+                from evoenv_worker.novelty import Embedder
+
+                self._embedder = Embedder()
+            return self._embedder
+
     def close(self) -> None:
         with self._lock:
+            if self._reviewer is not None:
+                self._reviewer.close()
             if self._inference is not None:
                 self._inference.close()
             if self._sandbox is not None:
@@ -73,7 +100,7 @@ class WorkerContext:
                 self._redis.close()
             if self._archive is not None:
                 self._archive.engine.dispose()
-            self._sandbox = self._redis = self._archive = self._inference = None
+            self._sandbox = self._redis = self._archive = self._inference = self._reviewer = None
 
 
 _current: WorkerContext | None = None
@@ -109,6 +136,7 @@ def after_fork() -> None:
             _current._archive.engine.dispose(close=False)
         _current._archive = None
         _current._inference = None
+        _current._reviewer = None
 
 
 def close() -> None:

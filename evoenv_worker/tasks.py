@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import redis
 import structlog
-from celery import Task
+from celery import Task, chain
 from celery.exceptions import Reject
 from pydantic import BaseModel, ValidationError
 
@@ -21,7 +21,7 @@ from evoenv_worker import context
 from evoenv_worker.app import app
 from shared import keys
 from shared.errors import SandboxFailure, SandboxUnavailable, ServiceUnavailable
-from shared.messages import DeadLetter, SolverJob, ValidateJob
+from shared.messages import DeadLetter, ProposalJob, SolverJob, StageJob, ValidateJob
 
 log = structlog.get_logger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -58,7 +58,7 @@ class JobTask(Task):  # type: ignore[misc]
                 reason = (
                     last.decode() if last else "redelivered too often (the worker died each time?)"
                 )
-                self._dead_letter(task_id, attempts, reason, args)
+                self._give_up(task_id, attempts, reason, args)
                 return None
         return super().__call__(*args, **kwargs)
 
@@ -86,7 +86,16 @@ class JobTask(Task):  # type: ignore[misc]
         if isinstance(exc, Reject):
             return
         attempts = int(context.current().redis().get(keys.attempts(task_id)) or 1)
-        self._dead_letter(task_id, attempts, f"{type(exc).__name__}: {exc}", args)
+        self._give_up(task_id, attempts, f"{type(exc).__name__}: {exc}", args)
+
+    def _give_up(self, task_id: str, attempts: int, error: str, args: Any) -> None:
+        """A job that will not run again: dead letter, and tell the admission flow (so its
+        candidate and group still complete)."""
+        self._dead_letter(task_id, attempts, error, args)
+        if args and isinstance(args[0], dict):
+            from evoenv_worker.admission import job_failed
+
+            job_failed(context.current(), self.name, args[0], error)
 
     def _dead_letter(self, task_id: str, attempts: int, error: str, args: Any) -> None:
         payload = args[0] if args and isinstance(args[0], dict) else {"args": repr(args)[:2000]}
@@ -99,11 +108,26 @@ class JobTask(Task):  # type: ignore[misc]
 
 @app.task(name="evoenv.validate", base=JobTask, bind=True)
 def validate(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
-    """Validate one environment file (L1-L5); the report is stored under the job id."""
+    """Validate one environment file: L1-L5 here, then (if asked) the model stages as jobs on
+    their own queues. The full report is stored under the job id when the last stage ends."""
+    from evoenv_worker.admission import after_mechanical
     from evoenv_worker.validate import validate_job
 
     job = self.decode(ValidateJob, payload)
-    return validate_job(context.current(), job).model_dump(mode="json")
+    ctx = context.current()
+    report = validate_job(ctx, job)
+    stage_job = after_mechanical(ctx, job, report)
+    if stage_job is not None:
+        send_model_stages(stage_job)
+    return report.model_dump(mode="json")
+
+
+def send_model_stages(job: StageJob) -> None:
+    """Review on `generation`; calibration as sample -> complete -> grade; novelty on `validation`."""
+    payload = job.model_dump(mode="json")
+    review.apply_async(args=[payload])
+    chain(calibrate_sample.s(payload), calibrate_complete.s(), calibrate_grade.s()).apply_async()
+    novelty.apply_async(args=[payload])
 
 
 @app.task(name="evoenv.sample", base=JobTask, bind=True)
@@ -138,3 +162,79 @@ def grade(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
         "duplicate": entry is None,
         "rewards": [c.reward for c in group.completions],
     }
+
+
+@app.task(name="evoenv.complete", base=JobTask, bind=True)
+def complete(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
+    """Sample a solver job's completions from vLLM (generation queue, many in flight)."""
+    from evoenv_worker.generate import complete_solver
+
+    job = self.decode(SolverJob, payload)
+    return complete_solver(context.current().inference(), job).model_dump(mode="json")
+
+
+@app.task(name="evoenv.propose", base=JobTask, bind=True)
+def propose(self: JobTask, payload: dict[str, Any]) -> list[str]:
+    """Sample a generation group's candidates and send each to validation (model stages on)."""
+    from evoenv_worker.admission import propose as propose_candidates
+
+    job = self.decode(ProposalJob, payload)
+    jobs = propose_candidates(context.current(), job)
+    for candidate in jobs:
+        validate.apply_async(args=[candidate.model_dump(mode="json")], task_id=candidate.job_id)
+    return [candidate.job_id for candidate in jobs]
+
+
+@app.task(name="evoenv.review", base=JobTask, bind=True)
+def review(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
+    """K semantic self-reviews of a candidate (generation queue)."""
+    from evoenv_worker.admission import finish_stage, review_stage
+
+    job = self.decode(StageJob, payload)
+    ctx = context.current()
+    report = review_stage(ctx.reviewer(), job, ctx.settings)
+    finish_stage(ctx, job, report)
+    return report.model_dump(mode="json")
+
+
+@app.task(name="evoenv.calibrate_sample", base=JobTask, bind=True)
+def calibrate_sample(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
+    """Calibration, step 1: the m instances' prompts, in the sandbox (grading queue)."""
+    from evoenv_worker.admission import calibration_sample
+
+    job = self.decode(StageJob, payload)
+    return calibration_sample(context.current().sandbox(), job).model_dump(mode="json")
+
+
+@app.task(name="evoenv.calibrate_complete", base=JobTask, bind=True)
+def calibrate_complete(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
+    """Calibration, step 2: one solver answer per instance (generation queue)."""
+    from evoenv_worker.admission import calibration_complete
+
+    job = self.decode(StageJob, payload)
+    ctx = context.current()
+    return calibration_complete(ctx.inference(), job, ctx.settings).model_dump(mode="json")
+
+
+@app.task(name="evoenv.calibrate_grade", base=JobTask, bind=True)
+def calibrate_grade(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
+    """Calibration, step 3: grade the answers; the pass rate decides (grading queue)."""
+    from evoenv_worker.admission import calibration_stage, finish_stage
+
+    job = self.decode(StageJob, payload)
+    ctx = context.current()
+    report = calibration_stage(ctx.sandbox(), job, ctx.settings)
+    finish_stage(ctx, job, report)
+    return report.model_dump(mode="json")
+
+
+@app.task(name="evoenv.novelty", base=JobTask, bind=True)
+def novelty(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
+    """Embeddings and similarity to the pool (validation queue: CPU)."""
+    from evoenv_worker.admission import finish_stage, novelty_stage
+
+    job = self.decode(StageJob, payload)
+    ctx = context.current()
+    report = novelty_stage(ctx, job)
+    finish_stage(ctx, job, report)
+    return report.model_dump(mode="json")

@@ -20,7 +20,6 @@ from evoenv_worker.context import WorkerContext
 from evoenv_worker.sandbox.host import OpResult, Sandbox
 from evoenv_worker.static import check_static
 from shared.config import Settings
-from shared.db import source_sha
 from shared.errors import SandboxFailure, SandboxUnavailable
 from shared.messages import Stage, StageReport, ValidateJob, ValidationReport, Verdict
 
@@ -127,8 +126,5 @@ def _fresh_factory(sandbox: Sandbox, source: str, file: str) -> stages.FreshRunn
 
 
 def validate_job(ctx: WorkerContext, job: ValidateJob) -> ValidationReport:
-    """The `validate` job: validate, then store the report under the job id (idempotent)."""
-    report = validate_source(job.source.encode("utf-8"), job.file, ctx.sandbox(), ctx.settings)
-    if report.verdict != "error":
-        ctx.archive().record_validation(job.job_id, source_sha(job.source), report, adhoc=job.adhoc)
-    return report
+    """The `validate` job's mechanical part: L1-L5 in this worker's sandbox."""
+    return validate_source(job.source.encode("utf-8"), job.file, ctx.sandbox(), ctx.settings)

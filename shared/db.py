@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import JSON, Column, event
+from sqlalchemy import JSON, Column, event, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 from sqlmodel import Field, Session, SQLModel, create_engine, select
@@ -24,6 +24,8 @@ from sqlmodel import Field, Session, SQLModel, create_engine, select
 from shared.messages import ValidationReport
 
 SCHEMA_VERSION = 1
+SCHEMA_LOCK = 0x65766F656E76
+"""PostgreSQL advisory lock held while the schema is created."""
 
 ENV_STATUSES = ("seed", "candidate", "admitted", "rejected", "retired", "quarantined")
 
@@ -98,7 +100,12 @@ def make_engine(url: str) -> Engine:
         event.listen(engine, "begin", _sqlite_begin)
     else:
         engine = create_engine(url, pool_pre_ping=True)
-    SQLModel.metadata.create_all(engine)
+    with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            # Workers starting at once on a fresh database would race to create the tables
+            # (UniqueViolation on pg_type); SQLite's BEGIN IMMEDIATE already serialises them.
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK})
+        SQLModel.metadata.create_all(connection)
     with Session(engine) as session:
         _insert_ignore(session, SchemaRow, [{"version": SCHEMA_VERSION, "applied_at": utcnow()}])
         session.commit()
@@ -126,6 +133,10 @@ def _insert_ignore(session: Session, table: type[SQLModel], rows: Sequence[dict[
     dialect = session.get_bind().dialect.name
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     statement = insert(table).values(list(rows)).on_conflict_do_nothing()  # type: ignore[arg-type]
+    if dialect == "postgresql":
+        # The row count of this statement is -1 there: count the keys it returns instead.
+        keys = table.__table__.primary_key.columns  # type: ignore[attr-defined]
+        return len(session.execute(statement.returning(*keys)).all())
     result = session.execute(statement)
     return int(getattr(result, "rowcount", 0) or 0)
 
@@ -216,3 +227,28 @@ class Archive:
         with self.session() as session:
             row = session.get(ValidationRow, job_id)
             return None if row is None else ValidationReport.model_validate(row.report)
+
+    def update_environment(self, sha: str, *, status: str | None = None,
+                           stats: dict[str, Any] | None = None,
+                           embedding: dict[str, Any] | None = None) -> None:
+        """Set the status, merge `stats` into the row's stats, and/or store its embeddings."""
+        with self.session() as session:
+            row = session.get(EnvironmentRow, sha, with_for_update=True)
+            if row is None:
+                raise KeyError(f"no environment {sha} in the archive")
+            if status is not None:
+                row.status = status
+            if stats:
+                row.stats = {**(row.stats or {}), **stats}
+            if embedding is not None:
+                row.embedding = embedding
+            row.updated_at = utcnow()
+            session.add(row)
+            session.commit()
+
+    def by_name(self, name: str, statuses: Sequence[str] = ("seed", "admitted")) -> EnvironmentRow | None:
+        """The active environment called `name`, if any (names are unique in the pool)."""
+        with self.session() as session:
+            query = select(EnvironmentRow).where(EnvironmentRow.name == name)
+            query = query.where(EnvironmentRow.status.in_(list(statuses)))  # type: ignore[attr-defined]
+            return session.exec(query).first()

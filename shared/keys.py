@@ -44,3 +44,18 @@ def group_seen(run: str, group_id: str) -> str:
 def group_record(run: str, group_id: str) -> str:
     """Hash tracking the members of a multi-job group, with its deadline."""
     return f"{PREFIX}:{run}:group:{group_id}"
+
+
+def candidate(run: str, job_id: str) -> str:
+    """JSON of a candidate under admission: its job and its L1-L5 report."""
+    return f"{PREFIX}:{run}:candidate:{job_id}"
+
+
+def final_report(job_id: str) -> str:
+    """The full validation report of a job that ran the model stages (for `--queue` waiters)."""
+    return f"{PREFIX}:report:{job_id}"
+
+
+def repetition(run: str) -> str:
+    """List of recent generation groups' mean in-group similarity (gamma's input)."""
+    return f"{PREFIX}:{run}:repetition"

@@ -84,14 +84,36 @@ class EnvRef(BaseModel):
     source: str
 
 
+class CandidateRef(BaseModel):
+    """Where a generated candidate comes from: its generation group and its completion."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run: str
+    group_id: str
+    index: int
+    """Position in its generation group (the in-group novelty check goes in this order)."""
+    prompt: str
+    """The proposal prompt (as text) the candidate answers."""
+    completion: CompletionRecord
+    parents: list[str] = Field(default_factory=list)
+    """sha of the pool members shown as examples (lineage)."""
+
+
 class ValidateJob(Message):
-    """Validate one candidate (`validation` queue)."""
+    """Validate one candidate (`validation` queue): L1-L5, then optionally the model stages."""
 
     job_id: str
     file: str
     source: str
     adhoc: bool = True
     """Ad-hoc validation of a user's file: never adds anything to the pool."""
+    model_stages: bool = False
+    """Also run review, calibration and novelty (as jobs on their own queues)."""
+    add_to_pool: bool = False
+    """`evoenv pool add`: admit the file into the pool if every stage passes."""
+    candidate: CandidateRef | None = None
+    """Set for candidates written by the generator."""
 
 
 class CompletionRecord(BaseModel):
@@ -160,3 +182,54 @@ class DeadLetter(Message):
     attempts: int
     error: str
     payload: dict[str, Any] = Field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------- admission stages
+
+
+class Trace(BaseModel):
+    """One real instance of a candidate, from the sandbox: what a reviewer traces."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seed: int
+    difficulty: int
+    prompt: str
+    reference: Any
+    answer_text: str
+
+
+class StageJob(Message):
+    """A model stage of one candidate (review, calibration or novelty)."""
+
+    job_id: str
+    """The candidate's validation job id: the stages report under it."""
+    run: str
+    env: EnvRef
+    oracle: str
+    difficulty: int
+    """Calibration difficulty (the middle of the range unless configured)."""
+    trace: Trace
+    seeds: list[int] = Field(default_factory=list)
+    """Calibration: the fresh seeds of the m instances."""
+    prompts: list[str] = Field(default_factory=list)
+    """Calibration: filled by the sampling step."""
+    completions: list[CompletionRecord] = Field(default_factory=list)
+    """Calibration: filled by the completion step, one per prompt."""
+    error: str | None = None
+
+
+class ProposalJob(Message):
+    """Ask the generator for G candidate environments (generation queue)."""
+
+    run: str
+    group_id: str
+    messages: list[dict[str, str]]
+    """The chat messages of the proposal prompt."""
+    parents: list[str] = Field(default_factory=list)
+    group_size: int = Field(8, ge=1)
+    temperature: float = 1.0
+    max_tokens: int = 1536
+
+
+ValidateJob.model_rebuild()

@@ -19,7 +19,7 @@ from shared.errors import SandboxFailure, SandboxUnavailable, UsageError
 from shared.messages import ValidationReport
 
 out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 EXIT_ADMITTED, EXIT_REJECTED, EXIT_USAGE, EXIT_ERROR = 0, 1, 2, 3
 

@@ -32,6 +32,10 @@ What this does NOT protect against:
 - CPU and memory pressure within the limits: a child may use every core and its whole
   address-space limit until its wall-clock timeout; side channels (timing, Spectre) remain.
 - A child forging the results of its own request (it is the code being judged).
+- Leftovers of earlier requests in the fork server's memory: each child starts as a copy of
+  the server, whose freed buffers may still hold earlier sources, instances and answers; a
+  child can read them (and, say, put them into its own prompt). Nothing is written back.
+- Host facts visible from inside: the kernel version, CPU model, what /usr holds.
 - Architectures other than x86_64: the filter is written for x86_64 only and refuses to load
   elsewhere (so the sandbox refuses to start there).
 - The unconfined mode (`allow_unconfined`): nothing here is applied in it.

@@ -75,6 +75,7 @@ class Sandbox:
         """Start the fork server unless it is running; raise `SandboxUnavailable` if it cannot."""
         if self._proc is not None and self._proc.poll() is None:
             return
+        self._kill()  # a server that died between calls: reap it and close its pipes
         argv, env, self.isolated = server_command(self.settings, hash_seed=self.hash_seed)
         try:
             self._proc = subprocess.Popen(

@@ -22,7 +22,6 @@ Python runs with `-s -S -B -P` rather than `-I`: `-I` implies `-E`, which would 
 
 from __future__ import annotations
 
-import functools
 import os
 import platform
 import shutil
@@ -30,6 +29,8 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+
+import structlog
 
 from evoenv_worker.sandbox import confine
 from shared.config import SandboxSettings
@@ -45,7 +46,15 @@ SCRATCH_BYTES = 16 << 20
 """Size of the sandbox's tmpfs scratch dir (only the server can write there)."""
 MALLOC_ARENA_MAX = "2"
 """Few malloc arenas, so threads fit in the address-space limit."""
+PYTHON_FLAGS = ("-s", "-S", "-B", "-P")
+"""No user site, no site module, no bytecode writes, no script dir on sys.path. Not `-I`: it
+implies `-E`, which ignores PYTHONHASHSEED; the environment is ours entirely anyway."""
 _PROBE_SECONDS = 20.0
+
+log = structlog.get_logger(__name__)
+
+_verified_uids: set[int] = set()
+"""Uids for which `missing_isolation` found nothing missing in this process."""
 
 
 def server_command(
@@ -62,8 +71,9 @@ def server_command(
             + ". Install what is missing, or set EVOENV_SANDBOX__ALLOW_UNCONFINED=1 to run "
             "WITHOUT isolation (trusted code only)."
         )
+    log.warning("sandbox_unconfined", problems=problems, detail="code runs WITHOUT isolation")
     env = {"PYTHONHASHSEED": str(hash_seed), "MALLOC_ARENA_MAX": MALLOC_ARENA_MAX}
-    argv = [sys.executable, "-s", "-S", "-B", "-P", str(RUNNER), str(PROJECT_ROOT)]
+    argv = [sys.executable, *PYTHON_FLAGS, str(RUNNER), str(PROJECT_ROOT)]
     return argv, env, False
 
 
@@ -77,22 +87,28 @@ def confined_command(settings: SandboxSettings, *, hash_seed: int) -> list[str]:
         "--",
         *_drop_privileges(settings.uid),
         str(python),
-        *("-s", "-S", "-B", "-P", runner, confine.ROOT, "--confine"),
+        *PYTHON_FLAGS,
+        *(runner, confine.ROOT, "--confine"),
     ]
 
 
 def missing_isolation(uid: int = 65534) -> list[str]:
     """What this machine lacks for confined mode, each with how to fix it (empty: nothing).
 
-    The first call probes (it starts one sandbox as `uid`); later calls reuse the answer.
+    Checks the tools and the kernel, then starts one real sandbox as `uid` with a trivial
+    program. A success is remembered for the life of the process; a failure is not.
     """
-    return list(_missing_isolation(uid))
+    if uid in _verified_uids:
+        return []
+    problems = _missing_tools() or _probe(uid)
+    if not problems:
+        _verified_uids.add(uid)
+    return problems
 
 
-@functools.cache
-def _missing_isolation(uid: int) -> tuple[str, ...]:
+def _missing_tools() -> list[str]:
     if sys.platform != "linux":
-        return (f"confined mode needs Linux (this is {sys.platform})",)
+        return [f"confined mode needs Linux (this is {sys.platform})"]
     problems = []
     if platform.machine() not in ("x86_64", "amd64"):
         problems.append(f"the seccomp filter supports x86_64 only, not {platform.machine()}")
@@ -108,25 +124,17 @@ def _missing_isolation(uid: int) -> tuple[str, ...]:
         )
     if not confine.seccomp_available():
         problems.append("seccomp filters are unavailable: use a kernel built with CONFIG_SECCOMP")
-    if not problems:
-        problems.extend(_probe(uid))
-    return tuple(problems)
+    return problems
 
 
 def _probe(uid: int) -> list[str]:
-    """Start the real sandbox once with a trivial program: namespaces, binds, uid drop."""
-    argv = [
-        *_bwrap_prefix(0),
-        "--",
-        *_drop_privileges(uid),
-        str(interpreter()),
-        "-s",
-        "-S",
-        "-B",
-        "-P",
-        "-c",
-        "import ctypes, json, select, resource",
-    ]
+    """Start the real sandbox once: namespaces, binds, uid drop, then both confinement steps."""
+    program = (
+        f"import sys; sys.path.insert(0, '{confine.ROOT}/sandbox'); import confine; "
+        "confine.confine_server(); confine.confine_child()"
+    )
+    argv = [*_bwrap_prefix(0), *_project_binds(), "--", *_drop_privileges(uid)]
+    argv += [str(interpreter()), *PYTHON_FLAGS, "-c", program]
     try:
         result = subprocess.run(argv, env={}, capture_output=True, timeout=_PROBE_SECONDS)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -134,11 +142,14 @@ def _probe(uid: int) -> list[str]:
     if result.returncode == 0:
         return []
     detail = result.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-    return [
-        f"bubblewrap could not start a sandbox ({detail[0]}): run as root, or allow "
-        "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1; on Ubuntu "
-        "also kernel.apparmor_restrict_unprivileged_userns=0)"
-    ]
+    hint = ""
+    if os.geteuid() != 0:
+        hint = (
+            "; run as root, or allow unprivileged user namespaces (sysctl "
+            "kernel.unprivileged_userns_clone=1; on Ubuntu also "
+            "kernel.apparmor_restrict_unprivileged_userns=0)"
+        )
+    return [f"a trial sandbox failed to start: {detail[0]}{hint}"]
 
 
 def interpreter() -> Path:

@@ -19,14 +19,32 @@ Operations (each a dict with "op"):
   the instance of operation k of the same request, or against the given instance. With
   "from" and a null answer, the answer is that instance's own answer_text, stripped.
 - answer_text {reference}: how the environment writes a given reference.
+- grade {seed, difficulty, answers: [str | null, ...]}: the batched grading path. Sample and
+  solve the instance once (as `instance` does: sample, solve, render, answer_text), then score
+  every non-null answer against it. Its value is {"rewards": [float | null], "errors":
+  [str | null], "prompt", "answer_text"}, one reward and one error per answer: a scored answer
+  has its reward in [0, 1] and a null error; a null answer has both null; an answer whose
+  scorer raised, ran out of memory or returned something that is not a number in [0, 1] has a
+  null reward and the error in words. Those are per-answer failures: the op still succeeds.
+  The op fails (like `instance`) only when sampling, solving, rendering or answer_text fails,
+  or when `answers` is not a list; and, like any op, when the whole op overruns the time limit,
+  runs the child out of memory or kills it: then no answer of it has a reward.
+  Each score call gets its own copy of the instance and the reference, as the `score` op does.
 Every result is {"i", "ok", ...}: ok results carry "value" (and "seconds"); failed ones carry
-"kind" (exception, type, timeout, memory, crash, output, load, dependency, skipped),
+"kind" (exception, type, value, timeout, memory, crash, output, load, dependency, skipped),
 "routine" and "error".
+
+Limits. "op_seconds" bounds each op of a request (the wall-clock time from the previous result
+line to this op's line) and, times the number of ops, the child's CPU time; "memory_mb" is the
+child's address-space limit; "output_bytes" caps each result line. A caller sending a `grade`
+op with many answers passes a longer "op_seconds" for that request (`Sandbox.run`'s
+`op_seconds`), since the limit applies to the whole op.
 """
 
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import resource
 import select
@@ -132,8 +150,8 @@ def _relay(out: Any, fd: int, pid: int, pending: list[int], op_seconds: float, c
             _kill(pid)
             return finished, _fail(index, "timeout", "", f"no result within {op_seconds:g} s")
         chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            status = _reap(pid)
+        if not chunk:  # dead, or it closed its pipe and lives on: kill before waiting
+            status = _kill(pid)
             return finished, _fail(index, *status)
         buffer += chunk
         while b"\n" in buffer and finished < len(pending):
@@ -145,13 +163,16 @@ def _relay(out: Any, fd: int, pid: int, pending: list[int], op_seconds: float, c
                 return finished, _fail(index, "output", "", "the child wrote a malformed result")
             if result.get("ok"):
                 done[index] = result
-            _emit(out, result)
+            # The line parsed as exactly one JSON object with the expected "i" and a boolean
+            # "ok", and holds no newline: the host's json.loads reads the same object from it,
+            # so it goes on as it is rather than re-encoded.
+            out.write(line + b"\n")
             finished += 1
             deadline = time.monotonic() + op_seconds
         if len(buffer) > cap:
             _kill(pid)
             return finished, _fail(pending[finished], "output", "", f"result larger than {cap} bytes")
-    _reap(pid)
+    _kill(pid)  # it has answered everything; it must not outlive the request (os._exit patched)
     return finished, None
 
 
@@ -165,12 +186,13 @@ def _parse_child_line(line: bytes, index: int) -> dict[str, Any] | None:
     return result
 
 
-def _kill(pid: int) -> None:
+def _kill(pid: int) -> tuple[str, str, str]:
+    """SIGKILL the child and reap it. A child that already exited keeps its own status."""
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    _reap(pid)
+    return _reap(pid)
 
 
 def _reap(pid: int) -> tuple[str, str, str]:
@@ -279,6 +301,8 @@ def run_op(env: Any, op: Any, kept: dict[int, dict[str, Any]], index: int) -> di
         return _score(env, op, kept)
     if kind == "answer_text":
         return _answer_text(env, op)
+    if kind == "grade":
+        return _grade(env, op)
     return _fail(-1, "type", "", f"unknown operation {kind!r}")
 
 
@@ -372,6 +396,67 @@ def _score(env: Any, op: dict[str, Any], kept: dict[int, dict[str, Any]]) -> dic
     return {"ok": True, "value": grade.reward, "seconds": seconds}
 
 
+def _grade(env: Any, op: dict[str, Any]) -> dict[str, Any]:
+    """Sample and solve one instance, then score every non-null answer of `op` against it."""
+    from shared.environment import grade_value
+
+    answers = op.get("answers")
+    if not isinstance(answers, list):
+        return _fail(-1, "type", "score", "answers must be a list of strings and nulls")
+    made = _instance(env, op)
+    if not made["ok"]:
+        return made
+    value = made["value"]
+    instance_copy = _copier(value["instance"], value["round_trip"]["instance"])
+    reference_copy = _copier(value["reference"], value["round_trip"]["reference"])
+    score = env.score
+    rewards: list[float | None] = []
+    errors: list[str | None] = []
+    start = time.perf_counter()
+    for answer in answers:
+        reward = error = None
+        if answer is None:
+            pass
+        elif not isinstance(answer, str):
+            error = "answer must be a string"
+        else:
+            try:
+                grade = grade_value(score(instance_copy(), reference_copy(), answer))
+            except MemoryError:
+                error = "score ran out of memory"
+            except BaseException as exc:  # noqa: BLE001 - this answer's failure, not the op's
+                error = f"score raised {_describe(exc)}"
+            else:
+                reward = grade.reward
+                if reward is None:
+                    error = grade.detail
+        rewards.append(reward)
+        errors.append(error)
+    seconds = dict(made["seconds"])
+    seconds["score"] = round(time.perf_counter() - start, 6)
+    graded = {"rewards": rewards, "errors": errors, "prompt": value["prompt"],
+              "answer_text": value["answer_text"]}
+    return {"ok": True, "value": graded, "seconds": seconds}
+
+
+def _copier(value: Any, round_trips: bool) -> Any:
+    """A function giving a fresh copy of `value` at each call, as `_copy` would.
+
+    A value that survives JSON unchanged holds only dicts, lists, str, int, float, bool and
+    None: marshal (format 2, which shares no objects, as a JSON copy would not) copies it to the
+    same thing several times faster than a JSON round trip, from bytes made once.
+    """
+    if round_trips:
+        try:
+            data = marshal.dumps(value, 2)
+        except (ValueError, TypeError, RecursionError, MemoryError):
+            pass
+        else:
+            loads = marshal.loads
+            return lambda: loads(data)
+    return lambda: _copy(value, True)
+
+
 def _answer_text(env: Any, op: dict[str, Any]) -> dict[str, Any]:
     try:
         text = env.answer_text(_copy(op.get("reference"), True))
@@ -395,10 +480,16 @@ def _copy(value: Any, round_trips: bool) -> Any:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    if len(text) > 300:
-        text = text[:300] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    """The exception in words; never raises (its `__str__` and even its class name are the
+    environment's code)."""
+    try:
+        text = str(exc)
+        if len(text) > 300:
+            text = text[:300] + "..."
+        name = str(type(exc).__name__)
+        return f"{name}: {text}" if text else name
+    except BaseException:  # noqa: BLE001
+        return "an exception that cannot be described"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,421 @@
+"""Make the learner's new weights live on every vLLM server, then bump the policy version.
+
+One interface, `WeightPublisher.publish(model) -> version`, two mechanisms:
+
+- `ReloadPublisher` (portable; CPU and GPU): write the weights as safetensors to a folder the
+  servers can read, then on each server `POST /collective_rpc` `reload_weights`.
+- `NcclPublisher` (GPU fast path): broadcast the weights over NCCL through vLLM's
+  weight-transfer API (servers started with `--weight-transfer-config '{"backend":"nccl"}'`,
+  i.e. `EVOENV_SERVE__WEIGHT_PUSH=nccl`). UNTESTED where no GPU is present: written against
+  vLLM 0.32's `vllm.distributed.weight_transfer.nccl_engine`.
+
+The push sequence (DESIGN.md, "Policy versions"): pause every server (in-flight requests
+finish; new ones queue), load the new weights on each, reset its prefix cache and label its
+weights with the new version, bump the version in Redis once every server serves them, and
+resume every server. A step that fails is retried with backoff; a push that still fails puts
+the previous weights back on every server it touched (a half-done reload leaves a vLLM CPU
+server unable to run its model), resumes every server and raises `PushFailed`. The version in
+Redis then stays where it was.
+
+The publisher is synchronous (torch and HTTP); the asyncio learner calls it through
+`asyncio.to_thread`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import httpx
+import redis
+import structlog
+import torch
+
+from evoenv_worker.models import resolve_model_path
+from shared import policy
+from shared.config import Settings
+from shared.errors import EvoEnvError, ServiceUnavailable
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+WEIGHTS_FILE = "model.safetensors"
+
+
+class PushFailed(EvoEnvError):
+    """New weights could not be made live on every server; the previous ones were put back."""
+
+
+class WeightPublisher(Protocol):
+    """Makes a model's current weights live on every server; returns the new policy version."""
+
+    def publish(self, model: torch.nn.Module, version: int | None = None) -> int:
+        """Push `model`'s weights as `version` (default: the version in Redis plus one)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class _RetryableStep(Exception):
+    pass
+
+
+class ServerControl:
+    """The development endpoints of one vLLM server (`VLLM_SERVER_DEV_MODE=1`), each call
+    status-checked and retried on connection errors and 5xx answers."""
+
+    def __init__(
+        self, url: str, http: httpx.Client, *, attempts: int = 3, backoff: float = 1.0
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.http = http
+        self.attempts = attempts
+        self.backoff = backoff
+        self.labels = True
+        """False once the server turned out to have no /update_weight_version."""
+
+    def _post(self, path: str, **kwargs: Any) -> httpx.Response:
+        response = self.http.post(f"{self.url}{path}", **kwargs)
+        if response.status_code >= 500:
+            raise _RetryableStep(f"{path} answered {response.status_code}: {response.text[:300]}")
+        return response
+
+    def _retry(self, what: str, step: Callable[[], T], attempts: int | None = None) -> T:
+        attempts = attempts or self.attempts
+        failures = []
+        for attempt in range(attempts):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            try:
+                return step()
+            except (httpx.TransportError, _RetryableStep) as exc:
+                failures.append(str(exc) or type(exc).__name__)
+                log.warning("push_step_retry", server=self.url, step=what, error=failures[-1])
+        raise ServiceUnavailable(
+            f"{self.url}: {what} failed {attempts} times: {'; '.join(failures)}"
+        )
+
+    def _ok(self, response: httpx.Response, what: str) -> None:
+        if response.status_code != 200:
+            raise ServiceUnavailable(
+                f"{self.url}: {what} answered {response.status_code}: {response.text[:300]} "
+                "(is the server running with VLLM_SERVER_DEV_MODE=1?)"
+            )
+
+    def pause(self, mode: str = "wait") -> None:
+        self._ok(self._retry("pause", lambda: self._post("/pause", params={"mode": mode})), "pause")
+
+    def resume(self) -> None:
+        self._ok(self._retry("resume", lambda: self._post("/resume")), "resume")
+
+    def reload(self, folder: Path, attempts: int | None = None) -> None:
+        body = {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
+        response = self._retry("reload", lambda: self._post("/collective_rpc", json=body), attempts)
+        self._ok(response, "reload_weights")
+
+    def reset_prefix_cache(self) -> None:
+        def step() -> httpx.Response:
+            response = self._post("/reset_prefix_cache")
+            if response.status_code == 200 and response.json().get("success") is False:
+                raise _RetryableStep("prefix cache still in use")
+            return response
+
+        self._ok(self._retry("reset_prefix_cache", step), "reset_prefix_cache")
+
+    def label(self, version: int) -> None:
+        """Label the served weights with `version` (reported per token by the token route)."""
+        if not self.labels:
+            return
+        body = {"new_version": str(version)}
+        response = self._retry("label", lambda: self._post("/update_weight_version", json=body))
+        if response.status_code == 404:
+            self.labels = False
+            log.info("weight_version_labels_unsupported", server=self.url)
+            return
+        self._ok(response, "update_weight_version")
+
+    def world_size(self) -> int:
+        response = self._retry("world_size", lambda: self.http.get(f"{self.url}/get_world_size"))
+        self._ok(response, "get_world_size")
+        return int(response.json()["world_size"])
+
+
+def write_weights(model: torch.nn.Module, folder: Path, dtype: torch.dtype) -> Path:
+    """Save `model`'s weights as one safetensors file in `folder` (tied weights once)."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in model.state_dict().items():
+        key = tensor.data_ptr()
+        if key in seen:
+            continue  # a tied weight (e.g. lm_head sharing the embeddings): keep the first name
+        seen.add(key)
+        value = tensor.detach()
+        if value.is_floating_point():
+            value = value.to(dtype)
+        tensors[name] = value.contiguous().cpu()
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{WEIGHTS_FILE}.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    tmp.rename(folder / WEIGHTS_FILE)
+    folder.chmod(0o755)
+    (folder / WEIGHTS_FILE).chmod(0o644)
+    return folder
+
+
+class _Pusher:
+    """What both mechanisms share: the servers, Redis, and the pause/label/bump/resume frame."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        redis_client: redis.Redis,
+        *,
+        attempts: int = 3,
+        backoff: float = 1.0,
+        request_timeout: float = 600.0,
+        pause_mode: str = "wait",
+    ) -> None:
+        if not urls:
+            raise ValueError("no vLLM server URLs to publish to")
+        self.redis = redis_client
+        self.pause_mode = pause_mode
+        self.http = httpx.Client(timeout=httpx.Timeout(request_timeout, connect=5.0))
+        self.servers = [
+            ServerControl(url, self.http, attempts=attempts, backoff=backoff) for url in urls
+        ]
+        self.version = policy.read_version(redis_client)
+        """The version every server serves now (as far as this publisher knows)."""
+
+    def close(self) -> None:
+        self.http.close()
+
+    def next_version(self, version: int | None) -> int:
+        current = max(self.version, policy.read_version(self.redis))
+        new = current + 1 if version is None else version
+        if new <= current:
+            raise policy.VersionNotIncreased(f"version {new} is not above {current}")
+        return new
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Pause every server for the block; resume every one that was paused, whatever happens."""
+        paused: list[ServerControl] = []
+        try:
+            for server in self.servers:
+                server.pause(self.pause_mode)
+                paused.append(server)
+            yield
+        finally:
+            failures = []
+            for server in paused:
+                try:
+                    server.resume()
+                except EvoEnvError as exc:
+                    failures.append(str(exc))
+                    log.error("resume_failed", server=server.url, error=str(exc))
+            if failures:
+                raise ServiceUnavailable("could not resume: " + "; ".join(failures))
+
+    def commit(self, version: int) -> None:
+        """Label every server with `version`, then publish it in Redis."""
+        for server in self.servers:
+            server.label(version)
+        policy.publish_version(self.redis, version)
+        self.version = version
+
+
+class ReloadPublisher(_Pusher):
+    """Portable mechanism: safetensors in a folder every server can read, then `reload_weights`.
+
+    `push_dir` holds one folder per version (the last `keep` are kept); `current` is the
+    folder the servers serve now (the prepared model at first), put back if a push fails.
+    """
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        redis_client: redis.Redis,
+        push_dir: Path,
+        current: Path,
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        keep: int = 2,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(urls, redis_client, **kwargs)
+        self.push_dir = push_dir
+        self.current = current
+        self.dtype = dtype
+        self.keep = max(keep, 1)
+        push_dir.mkdir(parents=True, exist_ok=True)
+
+    def publish(self, model: torch.nn.Module, version: int | None = None) -> int:
+        new = self.next_version(version)
+        start = time.monotonic()
+        folder = write_weights(model, self.push_dir / f"v{new:08d}", self.dtype)
+        written = time.monotonic()
+        self.push_folder(folder, new)
+        log.info(
+            "weights_published",
+            version=new,
+            servers=len(self.servers),
+            write_seconds=round(written - start, 3),
+            push_seconds=round(time.monotonic() - written, 3),
+        )
+        self._prune()
+        return new
+
+    def push_folder(self, folder: Path, version: int) -> None:
+        """Make the weights in `folder` live as `version` on every server (or raise PushFailed)."""
+        if not (folder / WEIGHTS_FILE).is_file() and not any(folder.glob("*.safetensors")):
+            raise PushFailed(f"{folder} holds no safetensors weights")
+        touched: list[ServerControl] = []
+        try:
+            with self.paused():
+                try:
+                    for server in self.servers:
+                        touched.append(server)
+                        server.reload(folder)
+                        server.reset_prefix_cache()
+                    self.commit(version)
+                except Exception as exc:
+                    self._roll_back(touched, exc)
+                    raise
+        except EvoEnvError as exc:
+            raise PushFailed(
+                f"push of version {version} failed; the policy version is {self.version} "
+                f"(weights {self.current if self.version != version else folder}): {exc}"
+            ) from exc
+        self.current = folder
+
+    def _roll_back(self, touched: list[ServerControl], cause: Exception) -> None:
+        log.error("push_failed", error=str(cause), rolling_back=[s.url for s in touched])
+        for server in touched:
+            try:
+                # A failed reload can leave the model half loaded (unable to generate), and
+                # the server may have dropped the connection: try harder to put it back.
+                server.reload(self.current, attempts=max(server.attempts, 3))
+                server.reset_prefix_cache()
+                server.label(self.version)
+            except EvoEnvError as exc:
+                log.critical(
+                    "roll_back_failed",
+                    server=server.url,
+                    error=str(exc),
+                    hint="this server may not be able to generate: restart it",
+                )
+
+    def _prune(self) -> None:
+        folders = sorted(p for p in self.push_dir.glob("v*") if p.is_dir())
+        for old in folders[: -self.keep]:
+            if old != self.current:
+                shutil.rmtree(old, ignore_errors=True)
+
+
+class NcclPublisher(_Pusher):
+    """GPU fast path: NCCL broadcast through vLLM 0.32's weight-transfer API.
+
+    UNTESTED without a GPU. Each server gets its own NCCL group (trainer rank 0, the server's
+    workers after it) on `master_port + index`, opened once at construction; `model` is the
+    training module whose parameters are streamed at each push (the same module object every
+    time). A failed broadcast leaves that server's group unusable: the push raises `PushFailed`
+    with every server resumed and the version unchanged, and the caller should fall back to a
+    `ReloadPublisher` from its last checkpoint.
+    """
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        redis_client: redis.Redis,
+        model: torch.nn.Module,
+        *,
+        master_address: str,
+        master_port: int,
+        packed: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(urls, redis_client, **kwargs)
+        if not torch.cuda.is_available():
+            raise EvoEnvError("NcclPublisher needs a GPU; use ReloadPublisher on the CPU")
+        from vllm.distributed.weight_transfer.base import ModuleSource
+        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+        from vllm.distributed.weight_transfer.nccl_engine import (
+            NCCLTrainerInitInfo,
+            NCCLTrainerWeightTransferEngine,
+        )
+
+        self.model = model
+        self.engines = []
+        for index, server in enumerate(self.servers):
+            info = NCCLTrainerInitInfo(
+                master_address=master_address,
+                master_port=master_port + index,
+                world_size=1 + server.world_size(),
+                packed=packed,
+                rank=0,
+            )
+            self.engines.append(
+                NCCLTrainerWeightTransferEngine.trainer_init(
+                    info,
+                    client=HTTPVLLMWeightSyncClient(server.url, timeout=600),
+                    source=ModuleSource(model),
+                )
+            )
+        log.info("nccl_publisher_ready", servers=len(self.servers), master=master_address)
+
+    def publish(self, model: torch.nn.Module, version: int | None = None) -> int:
+        if model is not self.model:
+            raise ValueError("NcclPublisher streams the module it was built with")
+        new = self.next_version(version)
+        start = time.monotonic()
+        try:
+            with self.paused():
+                for server, engine in zip(self.servers, self.engines, strict=True):
+                    engine.send_weights()
+                    server.reset_prefix_cache()
+                self.commit(new)
+        except Exception as exc:
+            log.error("push_failed", version=new, error=str(exc))
+            raise PushFailed(
+                f"NCCL push of version {new} failed; the policy version is {self.version} and "
+                f"the servers are resumed but may hold partial weights: push a checkpoint with "
+                f"ReloadPublisher ({exc})"
+            ) from exc
+        log.info("weights_published", version=new, seconds=round(time.monotonic() - start, 3))
+        return new
+
+    def close(self) -> None:
+        for engine in self.engines:
+            engine.shutdown()
+        super().close()
+
+
+def make_publisher(
+    settings: Settings,
+    redis_client: redis.Redis,
+    model: torch.nn.Module,
+    *,
+    master_address: str = "127.0.0.1",
+    master_port: int = 29600,
+) -> WeightPublisher:
+    """The mechanism `settings.serve.weight_push` selects, for `settings.vllm_urls`."""
+    if settings.serve.weight_push == "nccl":
+        return NcclPublisher(
+            settings.vllm_urls,
+            redis_client,
+            model,
+            master_address=master_address,
+            master_port=master_port,
+        )
+    return ReloadPublisher(
+        settings.vllm_urls,
+        redis_client,
+        settings.data_dir / "weights",
+        resolve_model_path(settings),
+    )

@@ -1,0 +1,595 @@
+"""The policy in torch and one GRPO optimiser step over graded groups.
+
+`Trainer.step(groups)` reads top to bottom: advantages per group (zero-variance groups skipped
+and counted) -> sequences (prompt_token_ids + token_ids as they came from the server, never
+re-tokenised; `env_error` completions left out) -> micro-batches, each a forward pass at the
+training temperature, the GRPO loss over completion tokens only, backward (gradients
+accumulate over the whole batch, the loss normalised by the batch's token count) -> gradient
+clipping -> one AdamW step.
+
+Precision: master weights in float32 by default; on CUDA the forward runs under bf16
+autocast. `param_dtype=torch.bfloat16` halves memory (on a CPU, too) at the cost of updates
+smaller than bf16's resolution being lost. Dropout is switched off: the importance ratios
+compare deterministic forward passes.
+
+Checkpoints are folders `step-00000012/` under a root, each holding `model/` (save_pretrained,
+with the tokenizer), `optimizer.pt`, `rng.pt` and `state.json` (step and the caller's `extra`).
+A folder is written under a temporary name, fsynced, then renamed: a folder with a final name
+is always complete. The last `keep` are kept.
+
+Synchronous throughout; the asyncio learner calls it through `asyncio.to_thread`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from evoenv_learner.grpo import Role, group_advantages, grpo_loss, token_entropy, token_logprobs
+from shared.config import GrpoSettings
+from shared.messages import GradedGroup
+
+log = structlog.get_logger(__name__)
+
+CHECKPOINT_PREFIX = "step-"
+STATE_FILE = "state.json"
+ENTROPY_CHUNK = 256
+"""Rows of logits per chunk when computing the entropy metric (bounds its memory)."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+@dataclass(frozen=True, slots=True)
+class TrainSequence:
+    """One completion ready for training: token ids exactly as sampled."""
+
+    prompt: list[int]
+    completion: list[int]
+    old_logprobs: list[float]
+    """Behaviour log-probs, one per completion token."""
+    advantage: float
+    temperature: float
+
+
+@dataclass(slots=True)
+class StepMetrics:
+    """What one call of `Trainer.step` did; `as_dict()` flattens it for a log line."""
+
+    step: int
+    """Optimiser steps taken so far (after this call)."""
+    stepped: bool
+    """False when nothing was trainable (every group skipped) or the gradient was not finite."""
+    loss: float = 0.0
+    policy_loss: float = 0.0
+    groups: int = 0
+    skipped_groups: int = 0
+    """Groups with no reward variance among their valid members."""
+    sequences: int = 0
+    env_error_completions: int = 0
+    tokens: int = 0
+    """Completion tokens that carried loss."""
+    total_tokens: int = 0
+    """Prompt and completion tokens run through the model."""
+    reward_mean: dict[str, float] = field(default_factory=dict)
+    """By role, over every valid completion of every group given (skipped ones included)."""
+    reward_std: dict[str, float] = field(default_factory=dict)
+    clip_fraction: float = 0.0
+    ratio_mean: float = 0.0
+    kl: float = 0.0
+    entropy: float = 0.0
+    grad_norm: float = 0.0
+    nonfinite_grad: bool = False
+    learning_rate: float = 0.0
+    seconds: float = 0.0
+    tokens_per_second: float = 0.0
+    """total_tokens / seconds: prompt and completion tokens through forward and backward."""
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for name in ("reward_mean", "reward_std"):
+            for role, value in data.pop(name).items():
+                data[f"{name}_{role}"] = value
+        return data
+
+
+class Trainer:
+    """A causal LM loaded from a local Hugging Face folder, trained with role-conditioned GRPO."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        settings: GrpoSettings,
+        *,
+        device: str | torch.device | None = None,
+        param_dtype: torch.dtype = torch.float32,
+        temperatures: Mapping[str, float] | None = None,
+        gradient_checkpointing: bool = False,
+        compute_entropy: bool = True,
+    ) -> None:
+        self.model_path = Path(model_path)
+        self.settings = settings
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.temperatures = {"solver": settings.temperature, "generator": settings.temperature}
+        self.temperatures.update(temperatures or {})
+        self.compute_entropy = compute_entropy
+        self.autocast = self.device.type == "cuda" and param_dtype == torch.float32
+        self.source_dtype = _config_dtype(self.model_path) or param_dtype
+        self.step_count = 0
+
+        self.model = self._load_model(param_dtype)
+        self.model.train()
+        if gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.reference = self._load_model(param_dtype).eval() if settings.kl_coef > 0 else None
+        if self.reference is not None:
+            self.reference.requires_grad_(False)
+        self.tokenizer = (
+            AutoTokenizer.from_pretrained(self.model_path)
+            if any((self.model_path / name).is_file() for name in TOKENIZER_FILES)
+            else None
+        )
+        self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=settings.learning_rate,
+            weight_decay=settings.weight_decay,
+        )
+
+    def _load_model(self, dtype: torch.dtype) -> Any:
+        model: Any = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        return model.to(self.device)
+
+    # ------------------------------------------------------------------------------ training
+
+    def step(self, groups: Sequence[GradedGroup]) -> StepMetrics:
+        """One optimiser step over `groups` (gradient accumulation over micro-batches)."""
+        start = time.perf_counter()
+        sequences, skipped, env_errors = self.build_sequences(groups)
+        metrics = StepMetrics(
+            step=self.step_count,
+            stepped=False,
+            groups=len(groups),
+            skipped_groups=skipped,
+            sequences=len(sequences),
+            env_error_completions=env_errors,
+            tokens=sum(len(seq.completion) for seq in sequences),
+            learning_rate=self.optimizer.param_groups[0]["lr"],
+        )
+        metrics.reward_mean, metrics.reward_std = reward_stats(groups)
+        if sequences:
+            self.optimizer.zero_grad(set_to_none=True)
+            size = self.settings.micro_batch
+            for first in range(0, len(sequences), size):
+                self._accumulate(sequences[first : first + size], metrics)
+            self._optimizer_step(metrics)
+        metrics.step = self.step_count
+        metrics.seconds = time.perf_counter() - start
+        metrics.tokens_per_second = metrics.total_tokens / max(metrics.seconds, 1e-9)
+        return metrics
+
+    def _accumulate(self, sequences: Sequence[TrainSequence], metrics: StepMetrics) -> None:
+        """Forward and backward over one micro-batch; its loss is normalised by the whole
+        batch's token count (`metrics.tokens`), so gradients and figures add up."""
+        batch = _collate(sequences, self.device)
+        logits = self._logits(self.model, batch)
+        ref_logprobs = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logprobs = token_logprobs(self._logits(self.reference, batch), batch.targets)
+        loss, part = grpo_loss(
+            token_logprobs(logits, batch.targets),
+            batch.old_logprobs,
+            batch.advantages,
+            batch.mask,
+            self.settings.clip_low,
+            self.settings.clip_high,
+            self.settings.kl_coef,
+            ref_logprobs,
+            num_tokens=metrics.tokens,
+        )
+        loss.backward()
+        weight = part.tokens / metrics.tokens
+        metrics.loss += float(loss.item())
+        metrics.policy_loss += part.policy_loss * weight
+        metrics.clip_fraction += part.clip_fraction * weight
+        metrics.ratio_mean += part.ratio_mean * weight
+        metrics.kl += part.kl * weight
+        if self.compute_entropy:
+            metrics.entropy += _entropy_sum(logits.detach(), batch.mask) / metrics.tokens
+        metrics.total_tokens += int(batch.attention_mask.sum().item())
+
+    def _optimizer_step(self, metrics: StepMetrics) -> None:
+        """Clip the gradient norm and step; a non-finite gradient skips the update."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.settings.max_grad_norm)
+        metrics.grad_norm = float(grad_norm.item())
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+            self.step_count += 1
+            metrics.stepped = True
+        else:
+            metrics.nonfinite_grad = True
+            log.warning("nonfinite_gradient_skipped", step=self.step_count)
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def build_sequences(
+        self, groups: Sequence[GradedGroup]
+    ) -> tuple[list[TrainSequence], int, int]:
+        """The trainable sequences of `groups`, the number of groups skipped (no reward
+        variance) and the number of `env_error` completions left out."""
+        sequences: list[TrainSequence] = []
+        skipped = 0
+        env_errors = 0
+        for group in groups:
+            rewards = [None if c.outcome == "env_error" else c.reward for c in group.completions]
+            env_errors += sum(reward is None for reward in rewards)
+            advantages = group_advantages(rewards, group.role, self.settings)
+            if advantages is None:
+                skipped += 1
+                continue
+            for completion, reward, advantage in zip(
+                group.completions, rewards, advantages.tolist(), strict=True
+            ):
+                if reward is None or not completion.token_ids:
+                    continue
+                _check_completion(
+                    group, completion.prompt_token_ids, completion.token_ids, completion.logprobs
+                )
+                sequences.append(
+                    TrainSequence(
+                        prompt=list(completion.prompt_token_ids),
+                        completion=list(completion.token_ids),
+                        old_logprobs=list(completion.logprobs),
+                        advantage=advantage,
+                        temperature=self.temperatures[group.role],
+                    )
+                )
+        return sequences, skipped, env_errors
+
+    def _logits(self, model: Any, batch: _Batch) -> torch.Tensor:
+        """Logits at the positions that predict completion tokens, divided by the temperature."""
+        autocast = (
+            torch.autocast("cuda", dtype=torch.bfloat16)
+            if self.autocast
+            else contextlib.nullcontext()
+        )
+        with autocast:
+            out = model(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                logits_to_keep=batch.keep,
+                use_cache=False,
+            )
+        # column j of the kept logits predicts input token first + j + 1; the last predicts none
+        return out.logits[:, :-1].float() / batch.temperatures[:, None, None]
+
+    @torch.no_grad()
+    def completion_logprobs(
+        self, prompt_token_ids: Sequence[int], token_ids: Sequence[int], role: Role = "solver"
+    ) -> list[float]:
+        """Log-probs of `token_ids` after `prompt_token_ids` under the current policy, at the
+        role's training temperature."""
+        seq = TrainSequence(
+            list(prompt_token_ids),
+            list(token_ids),
+            [0.0] * len(token_ids),
+            0.0,
+            self.temperatures[role],
+        )
+        batch = _collate([seq], self.device)
+        logprobs = token_logprobs(self._logits(self.model, batch), batch.targets)
+        return logprobs[batch.mask].tolist()
+
+    # ---------------------------------------------------------------------------- checkpoints
+
+    def save_checkpoint(
+        self, root: str | Path, extra: Mapping[str, Any] | None = None, *, keep: int = 3
+    ) -> Path:
+        """Write `root/step-NNNNNNNN/` atomically and keep the last `keep` checkpoints.
+
+        `extra` is any JSON-serialisable dict (policy version, stream position, pool state);
+        `load_checkpoint` gives it back."""
+        root = Path(root)
+        state = json.dumps(
+            {"step": self.step_count, "extra": dict(extra or {}), "saved_at": time.time()}
+        )
+        target = root / f"{CHECKPOINT_PREFIX}{self.step_count:08d}"
+        start = time.perf_counter()
+        for stale in root.glob(f".tmp-{CHECKPOINT_PREFIX}*"):
+            shutil.rmtree(stale, ignore_errors=True)  # left by a writer killed mid-way
+        with atomic_dir(target) as tmp:
+            self.model.save_pretrained(tmp / "model")
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(tmp / "model")
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(_rng_state(), tmp / "rng.pt")
+            (tmp / STATE_FILE).write_text(state)
+        for old in list_checkpoints(root)[: -max(keep, 1)]:
+            shutil.rmtree(old)
+        log.info(
+            "checkpoint_saved",
+            path=str(target),
+            step=self.step_count,
+            seconds=round(time.perf_counter() - start, 3),
+        )
+        return target
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """Restore weights, optimiser state, step and RNG state from a checkpoint folder (or
+        the latest one under a root); return the `extra` dict it was saved with. The learning
+        rate and weight decay are then set from the current settings."""
+        path = Path(path)
+        if not (path / STATE_FILE).is_file():
+            latest = latest_checkpoint(path)
+            if latest is None:
+                raise FileNotFoundError(f"no checkpoint in {path}")
+            path = latest
+        state = json.loads((path / STATE_FILE).read_text())
+        _load_weights(self.model, path / "model", self.device)
+        self.optimizer.load_state_dict(
+            torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True)
+        )
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.settings.learning_rate
+            group["weight_decay"] = self.settings.weight_decay
+        _set_rng_state(torch.load(path / "rng.pt", weights_only=True))
+        self.step_count = int(state["step"])
+        log.info("checkpoint_loaded", path=str(path), step=self.step_count)
+        return dict(state["extra"])
+
+    def export_hf(self, folder: str | Path, *, dtype: torch.dtype | None = None) -> Path:
+        """The policy as a Hugging Face folder (config, safetensors, tokenizer), written
+        atomically, in `dtype` (default: the dtype of the folder the model came from)."""
+        return self._save_hf(Path(folder), dtype or self.source_dtype, tokenizer=True)
+
+    def save_weights_for_push(
+        self, folder: str | Path, *, dtype: torch.dtype | None = None
+    ) -> Path:
+        """Safetensors and config in save_pretrained's layout, which vLLM's `reload_weights`
+        loads; written atomically, so a server never reads half a folder."""
+        return self._save_hf(Path(folder), dtype or self.source_dtype, tokenizer=False)
+
+    def _save_hf(self, folder: Path, dtype: torch.dtype, *, tokenizer: bool) -> Path:
+        with atomic_dir(folder) as tmp:
+            self.model.save_pretrained(tmp, state_dict=_cast_state_dict(self.model, dtype))
+            config_file = tmp / "config.json"
+            config = json.loads(config_file.read_text())
+            config["dtype"] = str(dtype).removeprefix("torch.")
+            config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+            if tokenizer and self.tokenizer is not None:
+                self.tokenizer.save_pretrained(tmp)
+        return folder
+
+
+# ------------------------------------------------------------------------------- batching
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    input_ids: torch.Tensor
+    """[B, T] prompt + completion, right-padded with 0."""
+    attention_mask: torch.Tensor
+    keep: int
+    """Logit columns the model computes: the last `keep` positions."""
+    targets: torch.Tensor
+    """[B, keep - 1] the token each kept column predicts (0 where none)."""
+    mask: torch.Tensor
+    """[B, keep - 1] true where the target is a completion token."""
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    temperatures: torch.Tensor
+
+
+def _collate(sequences: Sequence[TrainSequence], device: torch.device) -> _Batch:
+    """Right-pad a micro-batch and line the behaviour log-probs up with the logit columns.
+
+    Position p's logits predict token p + 1, so a completion starting at position P is
+    predicted by columns P - 1 ... ; only columns from the shortest prompt's end on are kept
+    (no logits are computed over most of the prompts)."""
+    length = max(len(s.prompt) + len(s.completion) for s in sequences)
+    first = min(len(s.prompt) for s in sequences) - 1
+    width = length - first - 1
+    size = len(sequences)
+    input_ids = torch.zeros(size, length, dtype=torch.long)
+    attention_mask = torch.zeros(size, length, dtype=torch.long)
+    mask = torch.zeros(size, width, dtype=torch.bool)
+    old = torch.zeros(size, width, dtype=torch.float32)
+    for row, seq in enumerate(sequences):
+        tokens = seq.prompt + seq.completion
+        input_ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        attention_mask[row, : len(tokens)] = 1
+        begin = len(seq.prompt) - 1 - first
+        end = begin + len(seq.completion)
+        mask[row, begin:end] = True
+        old[row, begin:end] = torch.tensor(seq.old_logprobs, dtype=torch.float32)
+    return _Batch(
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        keep=width + 1,
+        targets=input_ids[:, first + 1 :].to(device),
+        mask=mask.to(device),
+        old_logprobs=old.to(device),
+        advantages=torch.tensor([s.advantage for s in sequences], dtype=torch.float32).to(device),
+        temperatures=torch.tensor([s.temperature for s in sequences]).to(device),
+    )
+
+
+def _check_completion(
+    group: GradedGroup, prompt: Sequence[int], tokens: Sequence[int], logprobs: Sequence[float]
+) -> None:
+    if not prompt:
+        raise ValueError(f"group {group.group_id}: a completion has no prompt_token_ids")
+    if len(logprobs) != len(tokens):
+        raise ValueError(
+            f"group {group.group_id}: {len(tokens)} completion tokens but {len(logprobs)} "
+            "behaviour log-probs"
+        )
+
+
+def _entropy_sum(logits: torch.Tensor, mask: torch.Tensor) -> float:
+    rows = logits[mask]
+    return sum(
+        float(token_entropy(rows[i : i + ENTROPY_CHUNK]).sum().item())
+        for i in range(0, rows.shape[0], ENTROPY_CHUNK)
+    )
+
+
+def reward_stats(groups: Sequence[GradedGroup]) -> tuple[dict[str, float], dict[str, float]]:
+    """Mean and (population) std of the valid rewards, by role."""
+    by_role: dict[str, list[float]] = {}
+    for group in groups:
+        for completion in group.completions:
+            if completion.reward is not None and completion.outcome != "env_error":
+                by_role.setdefault(group.role, []).append(float(completion.reward))
+    means: dict[str, float] = {}
+    stds: dict[str, float] = {}
+    for role, values in by_role.items():
+        tensor = torch.tensor(values, dtype=torch.float64)
+        means[role] = float(tensor.mean())
+        stds[role] = float(tensor.std(correction=0))
+    return means, stds
+
+
+# ---------------------------------------------------------------------- weights and folders
+
+
+def _cast_state_dict(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The state dict with floating tensors in `dtype`, tied tensors still sharing storage
+    (so save_pretrained still recognises and drops the tied copy)."""
+    cast: dict[int, torch.Tensor] = {}
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        key = tensor.data_ptr()
+        if key not in cast:
+            value = tensor.detach()
+            cast[key] = value.to(dtype) if value.is_floating_point() else value
+        out[name] = cast[key]
+    return out
+
+
+def _load_weights(model: torch.nn.Module, folder: Path, device: torch.device) -> None:
+    """Copy the safetensors weights in `folder` into `model`; missing keys must be tied ones."""
+    state: dict[str, torch.Tensor] = {}
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no safetensors weights in {folder}")
+    for file in files:
+        state.update(load_file(str(file), device=str(device)))
+    result = model.load_state_dict(state, strict=False)
+    own = model.state_dict()
+    loaded_ptrs = {own[name].data_ptr() for name in state if name in own}
+    untied = [name for name in result.missing_keys if own[name].data_ptr() not in loaded_ptrs]
+    if untied or result.unexpected_keys:
+        raise ValueError(
+            f"checkpoint {folder} does not match the model: missing {untied[:5]}, "
+            f"unexpected {result.unexpected_keys[:5]}"
+        )
+
+
+def _config_dtype(folder: Path) -> torch.dtype | None:
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        return None
+    config = json.loads(config_file.read_text())
+    name = config.get("dtype") or config.get("torch_dtype")
+    value = getattr(torch, name, None) if isinstance(name, str) else None
+    return value if isinstance(value, torch.dtype) else None
+
+
+def _rng_state() -> dict[str, Any]:
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "python": random.getstate(),
+    }
+
+
+def _set_rng_state(state: Mapping[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if (
+        state["cuda"]
+        and torch.cuda.is_available()
+        and len(state["cuda"]) == torch.cuda.device_count()
+    ):
+        torch.cuda.set_rng_state_all(state["cuda"])
+    random.setstate(state["python"])
+
+
+def list_checkpoints(root: str | Path) -> list[Path]:
+    """The complete checkpoints under `root`, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [
+        path
+        for path in root.glob(f"{CHECKPOINT_PREFIX}*")
+        if path.is_dir() and (path / STATE_FILE).is_file()
+    ]
+    return sorted(found, key=lambda path: int(path.name.removeprefix(CHECKPOINT_PREFIX)))
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The newest complete checkpoint under `root`, or None."""
+    found = list_checkpoints(root)
+    return found[-1] if found else None
+
+
+@contextlib.contextmanager
+def atomic_dir(target: Path) -> Iterator[Path]:
+    """Yield a temporary folder beside `target`; when the block ends without error, fsync
+    everything in it and rename it to `target` (replacing an older one). On error, remove it:
+    `target` is never seen half-written."""
+    parent = target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    for stale in parent.glob(f".tmp-{target.name}-*"):
+        shutil.rmtree(stale, ignore_errors=True)  # left by a writer killed mid-way
+    tmp = parent / f".tmp-{target.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        if target.exists():
+            old = parent / f".old-{target.name}-{uuid.uuid4().hex[:8]}"
+            target.rename(old)
+            tmp.rename(target)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(target)
+        _fsync_dir(parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _fsync_tree(folder: Path) -> None:
+    for dirpath, _, filenames in os.walk(folder):
+        for name in filenames:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

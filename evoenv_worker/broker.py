@@ -1,0 +1,54 @@
+"""The Redis broker transport of the workers: kombu's, except that a queue entry that is not a
+message at all is dropped with a logged reason instead of ending the worker.
+
+kombu decodes each entry it pops from a queue list before Celery sees it; an entry that is not
+JSON, or not shaped like a kombu message, raises out of the event loop and Celery stops the
+worker ("Unrecoverable error"). Such an entry has no task id and nothing to retry, so it is
+logged (`bad_message`) and dropped. Payloads that are well-formed messages but fail their
+pydantic model are the tasks' business (`JobTask.decode`: dead letter with the reason).
+
+`install()` makes this the transport of `redis://` and `rediss://` URLs (kombu's transport
+aliases), so URLs and everything that reads them (Flower's queue lengths) stay as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kombu.transport
+import structlog
+from kombu.transport import redis as kombu_redis
+from kombu.transport.virtual import Empty
+
+log = structlog.get_logger(__name__)
+
+MALFORMED_ENTRY_ERRORS = (ValueError, KeyError, TypeError)
+"""What kombu raises on an entry it cannot decode (JSON or base64 errors are ValueErrors; a
+missing `properties` or `delivery_tag` a KeyError; a list or a string where a dict belongs a
+TypeError)."""
+
+
+class Channel(kombu_redis.Channel):  # type: ignore[misc]
+    def _brpop_read(self, **options: Any) -> Any:
+        try:
+            return super()._brpop_read(**options)
+        except MALFORMED_ENTRY_ERRORS as exc:
+            # The entry is already popped (and never entered the unacknowledged set).
+            reason = f"dropped a queue entry that is not a message: {type(exc).__name__}: {exc}"
+            log.error("bad_message", reason=reason[:500])
+            raise Empty() from exc
+
+
+class Transport(kombu_redis.Transport):  # type: ignore[misc]
+    Channel = Channel
+
+
+SCHEMES = ("redis", "rediss")
+
+
+def install() -> None:
+    """Use `Transport` for the `redis://` and `rediss://` URLs of this process."""
+    for scheme in SCHEMES:
+        kombu.transport.TRANSPORT_ALIASES[scheme] = f"{__name__}:Transport"
+        # A connection made before this (none in our entry points) cached kombu's own class.
+        kombu.transport._transport_cache.pop(scheme, None)

@@ -1,0 +1,42 @@
+"""Completions from vLLM: the `complete` job as a plain function (generation queue).
+
+Every completion keeps its token ids, the log-probs it was sampled with and its policy
+version, so the trainer never re-tokenises text.
+"""
+
+from __future__ import annotations
+
+from shared.config import Settings
+from shared.inference import Completion, InferenceClient, Sampling
+from shared.messages import CompletionRecord, SolverJob
+
+
+def record(completion: Completion) -> CompletionRecord:
+    return CompletionRecord(
+        text=completion.text,
+        prompt_token_ids=completion.prompt_token_ids,
+        token_ids=completion.token_ids,
+        logprobs=completion.logprobs,
+        finish_reason=completion.finish_reason,
+        policy_version=completion.policy_version,
+    )
+
+
+def complete_solver(client: InferenceClient, job: SolverJob) -> SolverJob:
+    """The job with `group_size` completions of its prompt (unchanged if sampling failed)."""
+    if job.error or job.prompt is None:
+        return job
+    sampling = Sampling(n=job.group_size, temperature=job.temperature, max_tokens=job.max_tokens)
+    completions = client.chat([{"role": "user", "content": job.prompt}], sampling)
+    return job.model_copy(update={"completions": [record(c) for c in completions]})
+
+
+def make_client(settings: Settings, version_source: object | None = None) -> InferenceClient:
+    """The policy's client from settings (served model name: `settings.model`)."""
+    return InferenceClient(
+        settings.vllm_urls,
+        settings.model,
+        version_source=version_source,  # type: ignore[arg-type]
+        connect_timeout=settings.worker.connect_timeout,
+        request_timeout=settings.worker.complete_time_limit,
+    )

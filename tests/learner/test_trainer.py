@@ -1,0 +1,331 @@
+"""The GRPO trainer on a tiny randomly initialised model (no download), synthetic groups."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from evoenv_learner import trainer as trainer_module
+from evoenv_learner.grpo import Role
+from evoenv_learner.trainer import Trainer, latest_checkpoint, list_checkpoints
+from shared.config import GrpoSettings
+from shared.messages import GradedCompletion, GradedGroup
+
+VOCAB = 128
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer Qwen2 with hidden size 32 and 128 tokens (tied embeddings), with a tokenizer."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    folder = tmp_path_factory.mktemp("tiny-model")
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
+    Qwen2ForCausalLM(config).save_pretrained(folder)
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    backend = Tokenizer(WordLevel(vocab, unk_token="t0"))
+    backend.pre_tokenizer = Whitespace()  # type: ignore[assignment]
+    PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="t0", pad_token="t0"
+    ).save_pretrained(folder)
+    return folder
+
+
+def settings(**overrides: float | int) -> GrpoSettings:
+    base: dict[str, float | int] = {"learning_rate": 1e-3, "micro_batch": 4, "temperature": 0.7}
+    base.update(overrides)
+    return GrpoSettings.model_validate(base)
+
+
+def make_group(
+    trainer: Trainer,
+    rewards: Sequence[float | None],
+    *,
+    role: Role = "solver",
+    prompt: Sequence[int] = (1, 2, 3, 4, 5),
+    seed: int = 0,
+) -> GradedGroup:
+    """A group of random completions whose behaviour log-probs are the trainer's own
+    (on-policy); a None reward makes an env_error member."""
+    rng = random.Random(seed)
+    completions = []
+    for reward in rewards:
+        tokens = [rng.randrange(6, VOCAB) for _ in range(rng.randint(3, 8))]
+        logprobs = trainer.completion_logprobs(prompt, tokens, role)
+        completions.append(
+            GradedCompletion(
+                text=" ".join(f"t{t}" for t in tokens),
+                prompt_token_ids=list(prompt),
+                token_ids=tokens,
+                logprobs=logprobs,
+                finish_reason="stop",
+                reward=reward,
+                outcome="env_error" if reward is None else "scored",
+            )
+        )
+    return GradedGroup(
+        run="test",
+        group_id=f"g{seed}",
+        role=role,
+        env_name="e",
+        env_sha="0" * 64,
+        seed=seed,
+        difficulty=1,
+        prompt="p",
+        policy_version=0,
+        completions=completions,
+    )
+
+
+def weights(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {name: t.detach().clone() for name, t in trainer.model.state_dict().items()}
+
+
+def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def sequence_logprob(trainer: Trainer, group: GradedGroup, index: int) -> float:
+    completion = group.completions[index]
+    return sum(trainer.completion_logprobs(completion.prompt_token_ids, completion.token_ids))
+
+
+# ------------------------------------------------------------------------------- training
+
+
+def test_step_raises_logprob_of_positive_completions_and_lowers_loss(model_dir: Path) -> None:
+    trainer = Trainer(model_dir, settings())
+    group = make_group(trainer, [1.0, 0.0, 0.0, 1.0])
+    before = [sequence_logprob(trainer, group, i) for i in range(4)]
+
+    first = trainer.step([group])
+    after = [sequence_logprob(trainer, group, i) for i in range(4)]
+    assert first.stepped and first.step == 1 and trainer.step_count == 1
+    assert first.sequences == 4 and first.skipped_groups == 0
+    assert first.tokens == sum(len(c.token_ids) for c in group.completions)
+    assert first.total_tokens == first.tokens + 4 * 5
+    assert first.ratio_mean == pytest.approx(1.0, abs=1e-4)  # on-policy: ratio 1
+    assert first.clip_fraction == 0.0
+    assert first.reward_mean == {"solver": 0.5} and first.reward_std == {"solver": 0.5}
+    assert first.entropy > 0 and first.grad_norm > 0 and first.tokens_per_second > 0
+    for i in (0, 3):  # advantage +1
+        assert after[i] > before[i]
+    for i in (1, 2):  # advantage -1
+        assert after[i] < before[i]
+
+    # the same batch again (behaviour log-probs unchanged): the loss went down
+    second = trainer.step([group])
+    assert second.loss < first.loss
+    assert second.ratio_mean != pytest.approx(1.0, abs=1e-4)
+
+
+def test_mixed_prompt_lengths_line_up_in_one_micro_batch(model_dir: Path) -> None:
+    # groups with prompts of different lengths share a micro-batch; the new log-probs at the
+    # training temperature match the behaviour ones exactly where they should (ratio 1)
+    trainer = Trainer(model_dir, settings(micro_batch=8))
+    groups = [
+        make_group(trainer, [1.0, 0.0], prompt=(1, 2), seed=1),
+        make_group(trainer, [0.0, 1.0, 0.5], prompt=(1, 2, 3, 4, 5, 6, 7, 8, 9), seed=2),
+        make_group(trainer, [0.2, 0.9], role="generator", prompt=(7, 7, 7, 7), seed=3),
+    ]
+    metrics = trainer.step(groups)
+    assert metrics.sequences == 7
+    assert metrics.ratio_mean == pytest.approx(1.0, abs=1e-5)
+    assert metrics.reward_mean["generator"] == pytest.approx(0.55)
+
+
+def test_env_error_completion_changes_nothing(model_dir: Path) -> None:
+    plain = Trainer(model_dir, settings())
+    with_error = Trainer(model_dir, settings())
+    group = make_group(plain, [1.0, 0.0, 0.0, 1.0])
+    error = make_group(plain, [None], seed=9).completions[0]
+    error = error.model_copy(update={"logprobs": [-50.0] * len(error.token_ids)})
+    noisy = group.model_copy(
+        update={"completions": [*group.completions[:2], error, *group.completions[2:]]}
+    )
+
+    a = plain.step([group])
+    b = with_error.step([noisy])
+    assert b.env_error_completions == 1 and a.env_error_completions == 0
+    assert a.sequences == b.sequences == 4
+    assert a.loss == b.loss and a.tokens == b.tokens
+    assert same_weights(weights(plain), weights(with_error))
+
+
+def test_zero_variance_groups_are_skipped_and_counted(model_dir: Path) -> None:
+    trainer = Trainer(model_dir, settings())
+    start = weights(trainer)
+    flat = [
+        make_group(trainer, [1.0, 1.0, 1.0], seed=1),
+        make_group(trainer, [0.0, None, 0.0], seed=2),
+    ]
+    metrics = trainer.step(flat)
+    assert not metrics.stepped and metrics.skipped_groups == 2 and metrics.sequences == 0
+    assert metrics.step == 0 and trainer.step_count == 0
+    assert same_weights(start, weights(trainer))
+
+    metrics = trainer.step([*flat, make_group(trainer, [1.0, 0.0], seed=3)])
+    assert metrics.stepped and metrics.skipped_groups == 2 and metrics.sequences == 2
+
+
+def test_gradient_accumulation_matches_one_big_batch(model_dir: Path) -> None:
+    one = Trainer(model_dir, settings(micro_batch=8))
+    many = Trainer(model_dir, settings(micro_batch=1))
+    # plain SGD, so the weight change is the (clipped) gradient itself: Adam's first step
+    # (about lr x sign(g)) would blow rounding noise in near-zero gradients up to lr
+    for trainer in (one, many):
+        trainer.optimizer = torch.optim.SGD(trainer.model.parameters(), lr=1.0)
+    groups = [make_group(one, [1.0, 0.0, 0.5], seed=1), make_group(one, [0.0, 1.0], seed=2)]
+    a = one.step(groups)
+    b = many.step(groups)
+    assert a.loss == pytest.approx(b.loss, abs=1e-6)
+    assert a.grad_norm == pytest.approx(b.grad_norm, rel=1e-4)
+    wa, wb = weights(one), weights(many)
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+
+
+def test_kl_to_reference(model_dir: Path) -> None:
+    trainer = Trainer(model_dir, settings(kl_coef=0.1))
+    assert trainer.reference is not None
+    group = make_group(trainer, [1.0, 0.0, 0.0, 1.0])
+    first = trainer.step([group])
+    assert first.kl == pytest.approx(0.0, abs=1e-7)  # still the reference's weights
+    second = trainer.step([group])
+    assert second.kl > 0
+
+
+def test_mismatched_logprobs_are_refused(model_dir: Path) -> None:
+    trainer = Trainer(model_dir, settings())
+    group = make_group(trainer, [1.0, 0.0])
+    bad = group.completions[0].model_copy(update={"logprobs": [-1.0]})
+    with pytest.raises(ValueError, match="behaviour log-probs"):
+        trainer.step([group.model_copy(update={"completions": [bad, group.completions[1]]})])
+
+
+# ---------------------------------------------------------------------------- checkpoints
+
+
+def optimizer_tensors(trainer: Trainer) -> list[torch.Tensor]:
+    state = trainer.optimizer.state_dict()["state"]
+    return [value for key in sorted(state) for value in state[key].values()]
+
+
+def test_checkpoint_round_trip_is_exact(model_dir: Path, tmp_path: Path) -> None:
+    trainer = Trainer(model_dir, settings())
+    groups = [make_group(trainer, [1.0, 0.0, 0.0, 1.0]), make_group(trainer, [0.3, 0.6], seed=5)]
+    trainer.step(groups)
+    trainer.step(groups)
+    extra = {"policy_version": 7, "stream_id": "1700000000000-3", "pool": {"envs": ["a", "b"]}}
+    path = trainer.save_checkpoint(tmp_path / "ckpt", extra)
+    assert path.name == "step-00000002" and latest_checkpoint(tmp_path / "ckpt") == path
+    expected_rand = torch.rand(3)
+    expected_random = random.random()
+
+    restored = Trainer(model_dir, settings())
+    assert not same_weights(weights(trainer), weights(restored))
+    assert restored.load_checkpoint(tmp_path / "ckpt") == extra
+    assert restored.step_count == 2
+    assert same_weights(weights(trainer), weights(restored))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(optimizer_tensors(trainer), optimizer_tensors(restored), strict=True)
+    )
+    assert torch.equal(torch.rand(3), expected_rand)  # RNG state restored
+    assert random.random() == expected_random
+    assert (path / "model" / "tokenizer.json").is_file()
+
+    # and they go on identically
+    trainer.step(groups)
+    restored.step(groups)
+    assert same_weights(weights(trainer), weights(restored))
+
+
+def test_checkpoints_keep_the_last_n(model_dir: Path, tmp_path: Path) -> None:
+    trainer = Trainer(model_dir, settings())
+    group = make_group(trainer, [1.0, 0.0])
+    for _ in range(4):
+        trainer.step([group])
+        trainer.save_checkpoint(tmp_path, {"n": trainer.step_count}, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000003", "step-00000004"]
+
+
+def test_interrupted_checkpoint_leaves_no_partial_folder(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trainer = Trainer(model_dir, settings())
+    group = make_group(trainer, [1.0, 0.0])
+    trainer.step([group])
+    good = trainer.save_checkpoint(tmp_path, {"version": 1})
+    good_weights = weights(trainer)
+    trainer.step([group])
+
+    def crash(*args: object, **kwargs: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(trainer_module.torch, "save", crash)
+    with pytest.raises(OSError, match="disk full"):
+        trainer.save_checkpoint(tmp_path, {"version": 2})
+    monkeypatch.undo()
+    assert list_checkpoints(tmp_path) == [good]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [good.name]  # no temp folder left
+
+    # a writer killed outright (no cleanup) leaves a temp folder: ignored, then swept away
+    partial = tmp_path / ".tmp-step-00000002-deadbeef"
+    (partial / "model").mkdir(parents=True)
+    (partial / "state.json").write_text("{}")
+    assert latest_checkpoint(tmp_path) == good
+    fresh = Trainer(model_dir, settings())
+    assert fresh.load_checkpoint(tmp_path) == {"version": 1}
+    assert same_weights(good_weights, weights(fresh))
+    fresh.save_checkpoint(tmp_path, {"version": 1})  # same step: replaces, sweeps the temp
+    assert sorted(p.name for p in tmp_path.iterdir()) == [good.name]
+
+
+def test_load_from_empty_root_fails(model_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        Trainer(model_dir, settings()).load_checkpoint(tmp_path)
+
+
+# ------------------------------------------------------------------------------- exports
+
+
+def test_export_hf_and_push_folder(model_dir: Path, tmp_path: Path) -> None:
+    trainer = Trainer(model_dir, settings())
+    trainer.step([make_group(trainer, [1.0, 0.0])])
+    exported = trainer.export_hf(tmp_path / "export", dtype=torch.bfloat16)
+    config = json.loads((exported / "config.json").read_text())
+    assert config["dtype"] == "bfloat16"
+    assert (exported / "tokenizer.json").is_file()
+    loaded = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32)
+    own = trainer.model.state_dict()
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, own[name].to(torch.bfloat16).float()), name
+
+    pushed = trainer.save_weights_for_push(tmp_path / "push")
+    assert (pushed / "config.json").is_file() and list(pushed.glob("*.safetensors"))
+    assert not (pushed / "tokenizer.json").exists()
+    again = trainer.save_weights_for_push(tmp_path / "push")  # overwrite in place
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "push"] and again == pushed

@@ -1,0 +1,138 @@
+"""Fixtures of the sandbox tests: the real confined sandbox, and a benign environment.
+
+Confined mode needs bubblewrap, Landlock ABI >= 6 and seccomp: where they are missing these
+tests skip on a developer's machine and fail under CI=true.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from evoenv_worker.sandbox.host import Sandbox
+from evoenv_worker.sandbox.launch import missing_isolation
+from shared.config import SandboxSettings
+
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+BENIGN_SOURCE = """
+import random
+
+from shared.environment import Environment
+
+
+class Doubling(Environment):
+    name = "doubling"
+    description = "Double a number."
+    oracle = "equality"
+
+    def sample(self, rng: random.Random, difficulty: int) -> dict:
+        return {"n": rng.randint(1, 10 ** difficulty)}
+
+    def solve(self, instance: dict) -> int:
+        return 2 * instance["n"]
+
+    def render(self, instance: dict) -> str:
+        return f"What is twice {instance['n']}? Answer with the number."
+
+    def score(self, instance: dict, reference: int, answer: str) -> float:
+        return 1.0 if answer.strip() == str(reference) else 0.0
+"""
+"""A tiny well-behaved environment for the "the sandbox still works" checks."""
+
+
+def require_isolation() -> None:
+    problems = missing_isolation()
+    if problems:
+        message = "confined sandbox unavailable: " + "; ".join(problems)
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    found, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
+@pytest.fixture
+def sandbox_processes() -> Callable[[Sandbox], tuple[int, list[int]]]:
+    """A function giving the host pid of a sandbox (its bubblewrap; -1 if none runs) and the
+    pids of every process below it."""
+
+    def processes(sandbox: Sandbox) -> tuple[int, list[int]]:
+        proc = sandbox._proc
+        if proc is None or proc.poll() is not None:
+            return -1, []
+        return proc.pid, sorted(_descendants(proc.pid))
+
+    return processes
+
+
+@pytest.fixture(scope="module")
+def confined_settings() -> SandboxSettings:
+    require_isolation()
+    return SandboxSettings(op_seconds=2.0, memory_mb=512)
+
+
+@pytest.fixture(scope="module")
+def sandbox(confined_settings: SandboxSettings) -> Iterator[Sandbox]:
+    with Sandbox(confined_settings) as started:
+        yield started
+
+
+@pytest.fixture
+def benign_source() -> str:
+    return BENIGN_SOURCE
+
+
+@pytest.fixture
+def check_benign() -> Callable[[Sandbox], None]:
+    """A function asserting that `sandbox` still runs the benign environment correctly."""
+
+    def check(sandbox: Sandbox) -> None:
+        results = sandbox.run(
+            BENIGN_SOURCE,
+            [
+                {"op": "describe"},
+                {"op": "instance", "seed": 7, "difficulty": 2},
+                {"op": "score", "answer": "-1", "from": 1},
+            ],
+        )
+        assert [r.ok for r in results] == [True, True, True], results
+        assert results[0].value["name"] == "doubling"
+        instance = results[1].value
+        assert instance["reference"] == 2 * instance["instance"]["n"]
+        assert results[2].value == 0.0
+        [right] = sandbox.run(
+            BENIGN_SOURCE,
+            [
+                {
+                    "op": "score",
+                    "answer": instance["answer_text"],
+                    "instance": instance["instance"],
+                    "reference": instance["reference"],
+                }
+            ],
+        )
+        assert right.ok and right.value == 1.0, right
+
+    return check
