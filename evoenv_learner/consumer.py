@@ -81,17 +81,26 @@ class RolloutConsumer:
             entries += await self._xread(">", count - len(entries), block_ms)
         return [g for g in (self._accept(eid, f, current_version) for eid, f in entries) if g]
 
-    async def _xread(self, start: str, count: int, block_ms: int | None) -> list[tuple[str, dict[bytes, bytes]]]:
-        reply = await self.client.xreadgroup(GROUP, self.consumer, {self.stream: start}, count=count,
-                                             block=block_ms)
+    async def _xread(
+        self, start: str, count: int, block_ms: int | None
+    ) -> list[tuple[str, dict[bytes, bytes]]]:
+        reply = await self.client.xreadgroup(
+            GROUP, self.consumer, {self.stream: start}, count=count, block=block_ms
+        )
         out: list[tuple[str, dict[bytes, bytes]]] = []
         for _stream, messages in reply or []:
             out += [(_id(eid), fields) for eid, fields in messages if fields]
         return out
 
     async def _reclaim(self, count: int) -> list[tuple[str, dict[bytes, bytes]]]:
-        reply = await self.client.xautoclaim(self.stream, GROUP, self.consumer,
-                                             min_idle_time=self.claim_idle_ms, start_id="0-0", count=count)
+        reply = await self.client.xautoclaim(
+            self.stream,
+            GROUP,
+            self.consumer,
+            min_idle_time=self.claim_idle_ms,
+            start_id="0-0",
+            count=count,
+        )
         messages = reply[1] if reply else []
         claimed = [(_id(eid), fields) for eid, fields in messages if fields]
         if claimed:
@@ -99,7 +108,9 @@ class RolloutConsumer:
             log.info("rollouts_reclaimed", count=len(claimed))
         return claimed
 
-    def _accept(self, entry_id: str, fields: dict[bytes, bytes], current_version: int) -> GradedGroup | None:
+    def _accept(
+        self, entry_id: str, fields: dict[bytes, bytes], current_version: int
+    ) -> GradedGroup | None:
         if entry_id in self._seen:
             self.stats.duplicates += 1
             return None
@@ -113,11 +124,20 @@ class RolloutConsumer:
             return None
         if current_version - group.policy_version > self.max_staleness:
             self.stats.stale += 1
-            log.info("rollout_stale", entry=entry_id, group=group.group_id,
-                     version=group.policy_version, current=current_version)
+            log.info(
+                "rollout_stale",
+                entry=entry_id,
+                group=group.group_id,
+                version=group.policy_version,
+                current=current_version,
+            )
             return None
         self.stats.read += 1
         return group
+
+    @property
+    def has_unacknowledged(self) -> bool:
+        return bool(self._unacked)
 
     def take_for_checkpoint(self) -> list[str]:
         """The ids consumed since the last checkpoint: store them in the checkpoint, then call

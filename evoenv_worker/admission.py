@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from evoenv_worker.grade import grade_op, grade_op_seconds, read_grades
 from evoenv_worker.review import VERDICT_SCHEMA, parse_verdict, review_messages, summarise
 from shared import keys
 from shared.config import Settings
 from shared.db import source_sha
-from shared.environment import TRAIN_SEEDS, build_prompt, extract_answer, grade_value
+from shared.environment import TRAIN_SEEDS, build_prompt, extract_answer
 from shared.groups import GroupTracker
 from shared.inference import InferenceClient, Sampling
 from shared.messages import (
@@ -131,6 +132,24 @@ def propose(ctx: WorkerContext, job: ProposalJob) -> list[ValidateJob]:
 def begin(ctx: WorkerContext, job: ValidateJob, report: ValidationReport) -> StageJob | None:
     """After L1-L5 passed: store the candidate, open its record, and return the stage job to
     send to review, calibration and novelty (None if the trace instance cannot be sampled)."""
+    stage_job = stage_job_for(ctx, job)
+    if stage_job is None:
+        return None
+    client = ctx.redis()
+    client.set(
+        keys.candidate(stage_job.run, job.job_id),
+        json.dumps({"job": job.model_dump(mode="json"), "report": report.model_dump(mode="json")}),
+        ex=KEEP_SECONDS,
+    )
+    GroupTracker(client, stage_job.run).open(
+        candidate_key(job.job_id), list(MODEL_STAGES), ctx.settings.admission.group_deadline
+    )
+    return stage_job
+
+
+def stage_job_for(ctx: WorkerContext, job: ValidateJob) -> StageJob | None:
+    """The model stages' job: the calibration difficulty and seeds, and the traced instance
+    (seed 0, the middle difficulty) from the sandbox; None if it cannot be sampled."""
     settings = ctx.settings
     run = run_of(job, settings)
     meta = ctx.sandbox().run(job.source, [{"op": "describe"}], filename=job.file)[0]
@@ -148,7 +167,7 @@ def begin(ctx: WorkerContext, job: ValidateJob, report: ValidationReport) -> Sta
         for _ in range(settings.admission.calibration_instances)
     ]
     env = EnvRef(name=str(meta.value["name"]), sha=source_sha(job.source), source=job.source)
-    stage_job = StageJob(
+    return StageJob(
         job_id=job.job_id,
         run=run,
         env=env,
@@ -163,16 +182,6 @@ def begin(ctx: WorkerContext, job: ValidateJob, report: ValidationReport) -> Sta
         ),
         seeds=seeds,
     )
-    client = ctx.redis()
-    client.set(
-        keys.candidate(run, job.job_id),
-        json.dumps({"job": job.model_dump(mode="json"), "report": report.model_dump(mode="json")}),
-        ex=KEEP_SECONDS,
-    )
-    GroupTracker(client, run).open(
-        candidate_key(job.job_id), list(MODEL_STAGES), settings.admission.group_deadline
-    )
-    return stage_job
 
 
 # ------------------------------------------------------------------------------ the stages
@@ -237,18 +246,23 @@ def calibration_stage(sandbox: Sandbox, job: StageJob, settings: Settings) -> St
     if job.error:
         return StageReport(stage="calibration", ok=False, seconds=0.0, detail=job.error)
     cap = settings.validation.answer_cap
-    ops: list[dict[str, Any]] = []
-    for k, (seed, completion) in enumerate(zip(job.seeds, job.completions, strict=True)):
-        ops.append({"op": "instance", "seed": seed, "difficulty": job.difficulty})
-        answer = extract_answer(completion.text, cap).answer
-        ops.append({"op": "score", "from": 2 * k, "answer": answer if answer is not None else ""})
-    results = sandbox.run(job.env.source, ops, filename=f"{job.env.name}.py")
+    answers = [extract_answer(completion.text, cap).answer for completion in job.completions]
+    ops = [
+        grade_op(seed, job.difficulty, [answer])
+        for seed, answer in zip(job.seeds, answers, strict=True)
+    ]
+    results = sandbox.run(
+        job.env.source,
+        ops,
+        filename=f"{job.env.name}.py",
+        op_seconds=grade_op_seconds(settings, 1),
+    )
     passes = errors = 0
-    for k, completion in enumerate(job.completions):
-        scored = results[2 * k + 1]
-        if extract_answer(completion.text, cap).answer is None:
+    for answer, result in zip(answers, results, strict=True):
+        if answer is None:
             continue  # format error: a fail
-        grade = grade_value(scored.value) if scored.ok else None
+        grades, _ = read_grades(result, [answer])
+        grade = grades[0] if grades else None
         if grade is None or grade.reward is None:
             errors += 1
         elif grade.reward == 1.0:
@@ -376,10 +390,17 @@ def finalize_candidate(ctx: WorkerContext, run: str, job_id: str) -> ValidationR
             stages.append(StageReport(stage=stage, ok=False, seconds=0.0, detail=str(error)))
         else:
             stages.append(StageReport.model_validate(result))
+    report = combine(mechanical, stages[len(mechanical.stages) :])
+    return conclude(ctx, job, report)
+
+
+def combine(mechanical: ValidationReport, model: list[StageReport]) -> ValidationReport:
+    """The full report: L1-L5 then the model stages; `error` if a stage could not run."""
+    stages = [*mechanical.stages, *model]
     failed = next((s.stage for s in stages if not s.ok), None)
     broken = [s for s in stages if s.data.get("error")]
     verdict = "error" if broken else ("rejected" if failed else "admitted")
-    report = mechanical.model_copy(
+    return mechanical.model_copy(
         update={
             "stages": stages,
             "verdict": verdict,
@@ -387,7 +408,39 @@ def finalize_candidate(ctx: WorkerContext, run: str, job_id: str) -> ValidationR
             "error": broken[0].detail if broken else None,
         }
     )
-    return conclude(ctx, job, report)
+
+
+def run_locally(
+    ctx: WorkerContext, job: ValidateJob, mechanical: ValidationReport, wanted: list[str]
+) -> ValidationReport:
+    """The model stages in this process, one after the other (`evoenv validate --all`)."""
+    from shared.errors import EvoEnvError
+
+    stage_job = stage_job_for(ctx, job)
+    reports: list[StageReport] = []
+    for stage in wanted:
+        try:
+            if stage_job is None:
+                raise EvoEnvError("the traced instance could not be sampled")
+            if stage == "review":
+                reports.append(review_stage(ctx.reviewer(), stage_job, ctx.settings))
+            elif stage == "calibration":
+                sampled = calibration_sample(ctx.sandbox(), stage_job)
+                answered = calibration_complete(ctx.inference(), sampled, ctx.settings)
+                reports.append(calibration_stage(ctx.sandbox(), answered, ctx.settings))
+            elif stage == "novelty":
+                reports.append(novelty_stage(ctx, stage_job))
+        except EvoEnvError as exc:
+            reports.append(
+                StageReport(
+                    stage=stage,
+                    ok=False,
+                    seconds=0.0,  # type: ignore[arg-type]
+                    detail=f"the stage could not run: {exc}",
+                    data={"error": True},
+                )
+            )
+    return combine(mechanical, reports)
 
 
 def conclude(ctx: WorkerContext, job: ValidateJob, report: ValidationReport) -> ValidationReport:

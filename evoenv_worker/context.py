@@ -75,8 +75,11 @@ class WorkerContext:
             if self._reviewer is None:
                 from shared.inference import InferenceClient
 
-                self._reviewer = InferenceClient([a.reviewer_url], a.reviewer_model or self.settings.model,
-                                                 connect_timeout=self.settings.worker.connect_timeout)
+                self._reviewer = InferenceClient(
+                    [a.reviewer_url],
+                    a.reviewer_model or self.settings.model,
+                    connect_timeout=self.settings.worker.connect_timeout,
+                )
             return self._reviewer
 
     def embedder(self) -> Embedder:

@@ -24,7 +24,7 @@ def record(completion: Completion) -> CompletionRecord:
 
 def complete_solver(client: InferenceClient, job: SolverJob) -> SolverJob:
     """The job with `group_size` completions of its prompt (unchanged if sampling failed)."""
-    if job.error or job.prompt is None:
+    if job.error or job.over_budget or job.prompt is None:
         return job
     sampling = Sampling(n=job.group_size, temperature=job.temperature, max_tokens=job.max_tokens)
     completions = client.chat([{"role": "user", "content": job.prompt}], sampling)

@@ -1,21 +1,75 @@
 """Sampling and grading in the sandbox: the `sample` and `grade` jobs as plain functions.
 
 `sample_instance` fills a solver job's prompt; `grade_group` regenerates the instance from its
-(seed, difficulty), extracts each completion's answer and scores all of them in one sandbox
-call. Every completion ends `scored`, `format_error` (reward 0) or `env_error` (no reward: left
-out of training and counted against the environment).
+(seed, difficulty), extracts each completion's answer and scores all of them in one `grade` op
+of the sandbox (see `sandbox/runner.py`): the instance is sampled and solved once, and the reply
+is one line for the whole group. Every completion ends `scored`, `format_error` (reward 0) or
+`env_error` (no reward: left out of training and counted against the environment).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import structlog
 
-from evoenv_worker.sandbox.host import Sandbox
+from evoenv_worker.sandbox.host import OpResult, Sandbox
 from shared.config import Settings
 from shared.environment import Grade, build_prompt, extract_answer, grade_value
 from shared.messages import GradedCompletion, GradedGroup, SolverJob
 
 log = structlog.get_logger(__name__)
+
+_INSTANCE_ROUTINES = frozenset({"sample", "solve", "render", "answer_text"})
+"""Routines of a failed `grade` op that mean the instance itself could not be made."""
+
+
+def grade_op(seed: int, difficulty: int, answers: list[str | None]) -> dict[str, Any]:
+    """The sandbox op that samples and solves (seed, difficulty) once and scores `answers`
+    (a null answer is not scored)."""
+    return {"op": "grade", "seed": seed, "difficulty": difficulty, "answers": answers}
+
+
+def grade_op_seconds(settings: Settings, answers: int) -> float:
+    """Time limit of one `grade` op of `answers` answers: the per-op limit for the instance
+    and one per answer, capped at half a grade job's time limit (so a slow environment ends
+    as an env_error, not as a killed job), but never below the per-op limit."""
+    per_op = settings.sandbox.op_seconds
+    cap = max(per_op, settings.worker.grade_time_limit / 2)
+    return min(per_op * (1 + answers), cap)
+
+
+def read_grades(result: OpResult, answers: list[str | None]) -> tuple[list[Grade | None], str]:
+    """The grade of each answer of a `grade` op (None for a null answer) and "", or no grades
+    and the reason when the op failed or its reply does not have the expected shape."""
+    if not result.ok:
+        return [], result.reason
+    value = result.value
+    rewards = value.get("rewards") if isinstance(value, dict) else None
+    errors = value.get("errors") if isinstance(value, dict) else None
+    if not (
+        isinstance(rewards, list)
+        and isinstance(errors, list)
+        and len(rewards) == len(errors) == len(answers)
+    ):
+        return [], "the sandbox returned a malformed grade result"
+    grades: list[Grade | None] = []
+    seen: dict[float, Grade] = {}  # grades are immutable: one per distinct reward will do
+    for answer, reward, error in zip(answers, rewards, errors, strict=True):
+        if answer is None:
+            grades.append(None)
+        elif isinstance(error, str):
+            grades.append(Grade.env_error(error[:2000]))
+        elif reward is None:
+            grades.append(Grade.env_error("the scorer gave no reward"))
+        elif type(reward) is float and reward in seen:
+            grades.append(seen[reward])
+        else:
+            grade = grade_value(reward)  # checked again: the reply is untrusted
+            if type(reward) is float:
+                seen[reward] = grade
+            grades.append(grade)
+    return grades, ""
 
 
 def sample_instance(sandbox: Sandbox, job: SolverJob) -> SolverJob:
@@ -25,41 +79,64 @@ def sample_instance(sandbox: Sandbox, job: SolverJob) -> SolverJob:
     if not result.ok:
         log.warning("sample_failed", env=job.env.name, seed=job.seed, reason=result.reason)
         return job.model_copy(update={"error": f"sampling failed: {result.reason}"})
-    return job.model_copy(update={"prompt": build_prompt(result.value["prompt"])})
+    prompt = build_prompt(result.value["prompt"])
+    if job.prompt_budget is not None and estimate_tokens(prompt) > job.prompt_budget:
+        log.info("prompt_over_budget", env=job.env.name, difficulty=job.difficulty)
+        return job.model_copy(update={"over_budget": True})
+    return job.model_copy(update={"prompt": prompt})
+
+
+def estimate_tokens(text: str) -> int:
+    """A conservative token count without a tokenizer (about 3 characters a token)."""
+    return len(text) // 3 + 1
 
 
 def grade_group(sandbox: Sandbox, job: SolverJob, settings: Settings) -> GradedGroup:
-    """Score every completion of the job in one sandbox call."""
+    """Score every completion of the job in one sandbox `grade` op."""
+    if job.over_budget:  # nothing was sampled: the orchestrator serves it one level easier
+        return GradedGroup(
+            run=job.run,
+            group_id=job.group_id,
+            role="solver",
+            env_name=job.env.name,
+            env_sha=job.env.sha,
+            seed=job.seed,
+            difficulty=job.difficulty,
+            prompt="",
+            policy_version=0,
+            completions=[],
+            data={"over_budget": True},
+        )
     cap = settings.validation.answer_cap
     extractions = [extract_answer(c.text, cap) for c in job.completions]
-    ops = [{"op": "instance", "seed": job.seed, "difficulty": job.difficulty}]
-    ops += [
-        {"op": "score", "from": 0, "answer": e.answer} for e in extractions if e.answer is not None
-    ]
-    results = [] if job.error else sandbox.run(job.env.source, ops, filename=f"{job.env.name}.py")
-    instance_error = job.error or ("" if results[0].ok else f"sampling failed: {results[0].reason}")
-    scores = iter(results[1:])
+    answers = [e.answer for e in extractions]
+    instance_error = job.error
+    grades: list[Grade | None] = []
+    if not instance_error:
+        (result,) = sandbox.run(
+            job.env.source,
+            [grade_op(job.seed, job.difficulty, answers)],
+            filename=f"{job.env.name}.py",
+            op_seconds=grade_op_seconds(settings, sum(a is not None for a in answers)),
+        )
+        grades, reason = read_grades(result, answers)
+        if reason:
+            step = "sampling" if result.routine in _INSTANCE_ROUTINES else "grading"
+            instance_error = f"{step} failed: {reason}"
     graded: list[GradedCompletion] = []
-    for completion, extraction in zip(job.completions, extractions, strict=True):
+    for k, (completion, extraction) in enumerate(zip(job.completions, extractions, strict=True)):
         base = completion.model_dump()
         if instance_error:
-            graded.append(
-                GradedCompletion(**base, reward=None, outcome="env_error", detail=instance_error)
-            )
+            grade = Grade.env_error(instance_error)
         elif extraction.answer is None:
-            graded.append(
-                GradedCompletion(
-                    **base, reward=0.0, outcome="format_error", detail=extraction.problem
-                )
-            )
+            grade = Grade.format_error(extraction.problem)
         else:
-            result = next(scores)
-            grade = grade_value(result.value) if result.ok else Grade.env_error(result.reason)
-            graded.append(
-                GradedCompletion(
-                    **base, reward=grade.reward, outcome=grade.outcome.value, detail=grade.detail
-                )
+            grade = grades[k] or Grade.env_error("no grade for this answer")
+        graded.append(
+            GradedCompletion(
+                **base, reward=grade.reward, outcome=grade.outcome.value, detail=grade.detail
             )
+        )
     versions = [c.policy_version for c in job.completions]
     return GradedGroup(
         run=job.run,

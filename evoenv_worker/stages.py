@@ -207,7 +207,9 @@ def check_deterministic(
     """L3: identical instance, reference and prompt in two fresh processes with different hash
     seeds, and the same result for each item alone as inside a batch in a different order."""
     ops = [instance_op(item.seed, item.difficulty) for item in items]
-    expected: list[str | None] = [_canonical([i.instance, i.reference, i.prompt, i.answer_text]) for i in items]
+    expected: list[str | None] = [
+        _canonical([i.instance, i.reference, i.prompt, i.answer_text]) for i in items
+    ]
     with fresh(hash_seeds[0]) as first:
         batch = _signatures(first.run(ops))
         alone = [_signatures(first.run([op]))[0] for op in ops]

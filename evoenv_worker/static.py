@@ -62,6 +62,9 @@ class StaticResult:
     ok: bool
     detail: str
     name: str | None = None
+    oracle: str = "equality"
+    difficulties: tuple[int, int] = (1, 10)
+    """min and max difficulty when written as literals (else the base class's 1 and 10)."""
 
 
 def check_static(data: bytes, max_bytes: int) -> StaticResult:
@@ -191,7 +194,11 @@ def _check_class(tree: ast.Module) -> StaticResult:
         return StaticResult(
             False, f"oracle must be one of {', '.join(ORACLE_KINDS)}, got {oracle!r}", str(env_name)
         )
-    return StaticResult(True, f"class {cls.name} ({env_name}, {oracle})", str(env_name))
+    lo, hi = attrs.get("min_difficulty", 1), attrs.get("max_difficulty", 10)
+    levels = (lo, hi) if type(lo) is int and type(hi) is int and lo <= hi else (1, 10)
+    return StaticResult(
+        True, f"class {cls.name} ({env_name}, {oracle})", str(env_name), str(oracle), levels
+    )
 
 
 def _lineage(cls: ast.ClassDef, classes: dict[str, ast.ClassDef]) -> list[ast.ClassDef]:

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from evoenv_worker import context
 from evoenv_worker.app import app
 from shared import keys
-from shared.errors import SandboxFailure, SandboxUnavailable, ServiceUnavailable
+from shared.errors import EvoEnvError, SandboxFailure, SandboxUnavailable, ServiceUnavailable
 from shared.messages import DeadLetter, ProposalJob, SolverJob, StageJob, ValidateJob
 
 log = structlog.get_logger(__name__)
@@ -58,8 +58,8 @@ class JobTask(Task):  # type: ignore[misc]
                 reason = (
                     last.decode() if last else "redelivered too often (the worker died each time?)"
                 )
-                self._give_up(task_id, attempts, reason, args)
-                return None
+                # Fail the job, so that its result says why; on_failure gives it up.
+                raise EvoEnvError(f"dead-lettered after {attempts} deliveries: {reason}")
         return super().__call__(*args, **kwargs)
 
     def decode(self, model: type[M], payload: Any) -> M:

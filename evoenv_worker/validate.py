@@ -127,4 +127,4 @@ def _fresh_factory(sandbox: Sandbox, source: str, file: str) -> stages.FreshRunn
 
 def validate_job(ctx: WorkerContext, job: ValidateJob) -> ValidationReport:
     """The `validate` job's mechanical part: L1-L5 in this worker's sandbox."""
-    return validate_source(job.source.encode("utf-8"), job.file, ctx.sandbox(), ctx.settings)
+    return validate_source(job.data, job.file, ctx.sandbox(), ctx.settings)

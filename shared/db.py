@@ -82,6 +82,18 @@ class ValidationStageRow(SQLModel, table=True):
     detail: str
 
 
+class MetricRow(SQLModel, table=True):
+    __tablename__ = "metrics"
+
+    run: str = Field(primary_key=True)
+    step: int = Field(primary_key=True)
+    kind: str = Field(primary_key=True)
+    """train, eval or push."""
+    version: int = 0
+    values: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
+    created_at: datetime = Field(default_factory=utcnow)
+
+
 class SchemaRow(SQLModel, table=True):
     __tablename__ = "schema_version"
 
@@ -228,9 +240,14 @@ class Archive:
             row = session.get(ValidationRow, job_id)
             return None if row is None else ValidationReport.model_validate(row.report)
 
-    def update_environment(self, sha: str, *, status: str | None = None,
-                           stats: dict[str, Any] | None = None,
-                           embedding: dict[str, Any] | None = None) -> None:
+    def update_environment(
+        self,
+        sha: str,
+        *,
+        status: str | None = None,
+        stats: dict[str, Any] | None = None,
+        embedding: dict[str, Any] | None = None,
+    ) -> None:
         """Set the status, merge `stats` into the row's stats, and/or store its embeddings."""
         with self.session() as session:
             row = session.get(EnvironmentRow, sha, with_for_update=True)
@@ -246,9 +263,34 @@ class Archive:
             session.add(row)
             session.commit()
 
-    def by_name(self, name: str, statuses: Sequence[str] = ("seed", "admitted")) -> EnvironmentRow | None:
+    def by_name(
+        self, name: str, statuses: Sequence[str] = ("seed", "admitted")
+    ) -> EnvironmentRow | None:
         """The active environment called `name`, if any (names are unique in the pool)."""
         with self.session() as session:
             query = select(EnvironmentRow).where(EnvironmentRow.name == name)
             query = query.where(EnvironmentRow.status.in_(list(statuses)))  # type: ignore[attr-defined]
             return session.exec(query).first()
+
+    def record_metrics(
+        self, run: str, step: int, kind: str, version: int, values: dict[str, Any]
+    ) -> None:
+        """One row of metrics per (run, step, kind); a repeated step overwrites nothing."""
+        row = {
+            "run": run,
+            "step": step,
+            "kind": kind,
+            "version": version,
+            "values": values,
+            "created_at": utcnow(),
+        }
+        with self.session() as session:
+            _insert_ignore(session, MetricRow, [row])
+            session.commit()
+
+    def metrics(self, run: str, kind: str | None = None) -> list[MetricRow]:
+        with self.session() as session:
+            query = select(MetricRow).where(MetricRow.run == run)
+            if kind is not None:
+                query = query.where(MetricRow.kind == kind)
+            return list(session.exec(query.order_by(MetricRow.step)))  # type: ignore[arg-type]

@@ -5,6 +5,7 @@ A message that does not match its model is rejected where it is received, with t
 
 from __future__ import annotations
 
+import base64
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -114,6 +115,32 @@ class ValidateJob(Message):
     """`evoenv pool add`: admit the file into the pool if every stage passes."""
     candidate: CandidateRef | None = None
     """Set for candidates written by the generator."""
+    raw_b64: str | None = None
+    """The file's bytes (base64) when they are not UTF-8 text: L1 judges them, not `source`."""
+
+    @classmethod
+    def for_file(cls, job_id: str, file: str, data: bytes, **fields: Any) -> ValidateJob:
+        """A job for a file's bytes, keeping them exact when they are not UTF-8."""
+        try:
+            return cls(job_id=job_id, file=file, source=data.decode("utf-8"), **fields)
+        except UnicodeDecodeError:
+            raw = base64.b64encode(data).decode("ascii")
+            return cls(
+                job_id=job_id,
+                file=file,
+                source=data.decode("utf-8", "replace"),
+                raw_b64=raw,
+                **fields,
+            )
+
+    @property
+    def data(self) -> bytes:
+        """The bytes to validate."""
+        return (
+            base64.b64decode(self.raw_b64)
+            if self.raw_b64 is not None
+            else self.source.encode("utf-8")
+        )
 
 
 class CompletionRecord(BaseModel):
@@ -147,6 +174,10 @@ class SolverJob(Message):
     max_tokens: int = 512
     error: str | None = None
     """Set when the environment failed to sample: the group is reported as an env_error."""
+    prompt_budget: int | None = None
+    """Longest prompt served, in tokens (estimated); longer ones are not served."""
+    over_budget: bool = False
+    """Set by `sample` when the prompt was over budget: no completions, no training."""
 
 
 class GradedCompletion(CompletionRecord):

@@ -66,8 +66,9 @@ class Expectation:
         expect = fields.get("expect")
         assert expect is not None, "the file has no '# expect:' line"
         assert expect == "admitted" or expect in MECHANICAL_STAGES, expect
-        return cls(None if expect == "admitted" else expect, fields.get("detail"),
-                   fields.get("trigger"))
+        return cls(
+            None if expect == "admitted" else expect, fields.get("detail"), fields.get("trigger")
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +102,11 @@ def built_cases() -> list[Case]:
         Case("built/whitespace_only", b"\n  \n\t\n", l1),
         Case("built/binary", elf, l1),
         Case("built/nul_byte", sound.replace(b"import random", b"import random  # \x00", 1), l1),
-        Case("built/latin1", sound.replace(b"\n", "\n# café, naïve: Latin-1\n".encode("latin-1"), 1), l1),
+        Case(
+            "built/latin1",
+            sound.replace(b"\n", "\n# café, naïve: Latin-1\n".encode("latin-1"), 1),
+            l1,
+        ),
         Case("built/too_large", _padded(MAX_SOURCE_BYTES + 1), Expectation("L1", "bytes")),
         Case("built/at_size_limit", _padded(MAX_SOURCE_BYTES), Expectation(None)),
     ]
@@ -166,7 +171,8 @@ def _check(report: ValidationReport, case: Case) -> None:
     assert (report.verdict, report.failed_stage) == ("rejected", expect.stage), summary
     *passed, failed = report.stages
     assert [s.stage for s in report.stages] == list(
-        MECHANICAL_STAGES[: MECHANICAL_STAGES.index(expect.stage) + 1])
+        MECHANICAL_STAGES[: MECHANICAL_STAGES.index(expect.stage) + 1]
+    )
     assert all(s.ok for s in passed) and not failed.ok, summary
     assert failed.detail.strip(), "a rejection must say why"
     if expect.detail:
@@ -196,15 +202,24 @@ def test_validator_admits_utf8_with_bom(sandbox: Sandbox, settings: Settings) ->
 # ------------------------------------------------------------------------------------- the CLI
 
 
-def evoenv(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def evoenv(
+    *args: str | Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run the `evoenv` console script of this interpreter in a real subprocess (or, where the
     script cannot be executed, its entry point `evoenv_worker.cli:main` through this interpreter)."""
     environment = {**os.environ, **(env or {})}
     arguments = [str(arg) for arg in args]
 
     def run(command: list[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(command, capture_output=True, text=True, timeout=180, cwd=REPO,
-                              env=environment, check=False)
+        return subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=REPO,
+            env=environment,
+            check=False,
+        )
 
     script = Path(sys.executable).with_name("evoenv")
     if os.access(script, os.X_OK):
@@ -241,11 +256,18 @@ def test_cli_json_reports_one_line_per_file_and_exits_1_on_a_rejection(sandbox: 
         _assert_report_shape(line)
     first, second = lines
     assert first["file"] == str(flawed) and second["file"] == str(sound)
-    assert (first["name"], first["verdict"], first["failed_stage"]) == ("small_sum", "rejected", "L5")
+    assert (first["name"], first["verdict"], first["failed_stage"]) == (
+        "small_sum",
+        "rejected",
+        "L5",
+    )
     assert [s["stage"] for s in first["stages"]] == list(MECHANICAL_STAGES)
     assert first["stages"][-1]["ok"] is False and first["stages"][-1]["detail"]
     assert (second["name"], second["verdict"], second["failed_stage"]) == (
-        "count_distinct_values", "admitted", None)
+        "count_distinct_values",
+        "admitted",
+        None,
+    )
     assert all(s["ok"] for s in second["stages"])
 
 
@@ -302,8 +324,9 @@ def test_cli_unreadable_path_is_a_usage_error(kind: str, tmp_path: Path) -> None
 
 def test_cli_exits_3_when_the_sandbox_cannot_start(sandbox: Sandbox) -> None:
     # A start-up allowance no interpreter can meet: the check cannot run, never the file's fault.
-    result = evoenv("validate", "--json", SOUND_BASE,
-                    env={"EVOENV_SANDBOX__START_SECONDS": "0.0001"})
+    result = evoenv(
+        "validate", "--json", SOUND_BASE, env={"EVOENV_SANDBOX__START_SECONDS": "0.0001"}
+    )
     assert result.returncode == 3, (result.stdout, result.stderr)
     (line,) = json_lines(result.stdout)
     _assert_report_shape(line)

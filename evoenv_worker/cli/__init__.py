@@ -9,7 +9,8 @@ from pydantic import ValidationError
 from typer.exceptions import TyperException
 
 from evoenv_worker import __version__
-from evoenv_worker.cli import cluster, envs
+from evoenv_worker.cli import cluster, envs, pool, report, training, up
+from evoenv_worker.cli import model as model_cli
 from shared.config import Settings
 from shared.errors import UsageError
 from shared.logging import configure_logging
@@ -23,6 +24,11 @@ app = typer.Typer(
 )
 envs.register(app)
 cluster.register(app)
+model_cli.register(app)
+training.register(app)
+pool.register(app)
+report.register(app)
+up.register(app)
 
 
 def _version(value: bool) -> None:

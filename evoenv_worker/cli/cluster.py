@@ -193,9 +193,16 @@ def job(
 
 
 def validate_on_queue(
-    settings: Settings, blobs: Sequence[tuple[Path, bytes]], as_json: bool, wait: bool
-) -> None:
-    """`evoenv validate --queue`: one job per file on the validation queue."""
+    settings: Settings,
+    blobs: Sequence[tuple[Path, bytes]],
+    as_json: bool,
+    wait: bool,
+    *,
+    model_stages: bool = False,
+    add_to_pool: bool = False,
+) -> list[ValidationReport]:
+    """`evoenv validate --queue`: one job per file on the validation queue (the model stages,
+    if asked, then run as jobs on their own queues); the reports in the order they finish."""
     client = _redis_or_exit(settings)
     app = _app(settings)
     consumers = [n for n, q in workers_on(app).items() if keys.VALIDATION_QUEUE in q]
@@ -212,20 +219,17 @@ def validate_on_queue(
 
     pending: dict[str, Path] = {}
     for path, data in blobs:
-        try:
-            source = data.decode("utf-8")
-        except UnicodeDecodeError:
-            source = data.decode("utf-8", "replace")  # L1 will reject it, as locally
         job_id = str(uuid.uuid4())
-        payload = ValidateJob(job_id=job_id, file=str(path), source=source).model_dump(mode="json")
+        payload = ValidateJob.for_file(
+            job_id, str(path), data, model_stages=model_stages, add_to_pool=add_to_pool
+        ).model_dump(mode="json")
         validate_task.apply_async(args=[payload], task_id=job_id)
         pending[job_id] = path
         if not wait:
             out.print(f"{job_id}  {path}", markup=False)
     if not wait:
-        return
-    reports = _wait(app, client, settings, pending, as_json)
-    raise typer.Exit(exit_code(reports))
+        return []
+    return _wait(app, client, settings, pending, as_json)
 
 
 def _wait(
@@ -237,11 +241,12 @@ def _wait(
     total = len(pending)
     while results:
         for job_id, result in list(results.items()):
-            if not result.ready():
+            final = client.get(keys.final_report(job_id))
+            if final is None and result.state != "FAILURE":
                 continue
             del results[job_id]
-            if result.state == "SUCCESS":
-                report = ValidationReport.model_validate(result.result)
+            if final is not None:
+                report = ValidationReport.model_validate_json(final)
             else:
                 report = ValidationReport(
                     file=str(pending[job_id]),

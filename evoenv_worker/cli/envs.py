@@ -145,33 +145,65 @@ def validate(
         ..., help="Environment files to validate.", exists=False, readable=False, dir_okay=True
     ),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per file, one per line."),
-    queue: bool = typer.Option(
-        False, "--queue", help="Run as jobs on the cluster's validation queue."
-    ),
+    queue: bool = typer.Option(False, "--queue", help="Run as jobs on the cluster's queues."),
     wait: bool = typer.Option(
         True, "--wait/--no-wait", help="With --queue: wait for the reports, or print the job ids."
     ),
+    review: bool = typer.Option(False, "--review", help="Add the semantic self-review (model)."),
+    calibrate: bool = typer.Option(
+        False, "--calibrate", help="Add difficulty calibration (model)."
+    ),
+    novelty: bool = typer.Option(
+        False, "--novelty", help="Add the novelty check against the pool."
+    ),
+    all_stages: bool = typer.Option(
+        False, "--all", help="All stages: L1-L5, review, calibration, novelty."
+    ),
 ) -> None:
-    """Run the admission stages L1-L5 on environment files (never adds them to the pool).
+    """Run the admission stages on environment files (never adds them to the pool).
 
-    Exit code: 0 all admitted, 1 any rejected, 3 any check could not run, 2 bad usage.
+    L1-L5 by default (no model needed); the model stages run against the configured vLLM
+    server (with --queue, any of them runs all three). Exit code: 0 all admitted, 1 any
+    rejected, 3 any check could not run, 2 bad usage.
     """
-    from evoenv_worker.validate import validate_source
-
     settings: Settings = ctx.obj
+    wanted = [
+        s
+        for s, on in (("review", review), ("calibration", calibrate), ("novelty", novelty))
+        if on or all_stages
+    ]
     blobs = [(path, _read(path)) for path in files]
     if queue:
         from evoenv_worker.cli.cluster import validate_on_queue
 
-        validate_on_queue(settings, blobs, as_json, wait)
-        return
+        reports = validate_on_queue(settings, blobs, as_json, wait, model_stages=bool(wanted))
+        raise typer.Exit(exit_code(reports) if wait else 0)
+    reports = validate_locally(settings, blobs, wanted, as_json)
+    raise typer.Exit(exit_code(reports))
+
+
+def validate_locally(
+    settings: Settings,
+    blobs: list[tuple[Path, bytes]],
+    wanted: list[str],
+    as_json: bool,
+    add_to_pool: bool = False,
+) -> list[ValidationReport]:
+    """Validate each file in this process, printing each report as it is done."""
+    import uuid
+
+    from evoenv_worker.admission import conclude, run_locally
+    from evoenv_worker.context import WorkerContext
+    from evoenv_worker.validate import validate_source
+    from shared.messages import ValidateJob
+
+    context = WorkerContext(settings)
     reports: list[ValidationReport] = []
-    sandbox = Sandbox(settings.sandbox)
     try:
         for path, data in blobs:
             progress = _progress(path) if sys.stderr.isatty() and not as_json else None
             try:
-                report = validate_source(data, str(path), sandbox, settings, progress)
+                report = validate_source(data, str(path), context.sandbox(), settings, progress)
             except (SandboxUnavailable, SandboxFailure) as exc:
                 report = ValidationReport(
                     file=str(path),
@@ -179,9 +211,14 @@ def validate(
                     verdict="error",
                     failed_stage=None,
                     stages=[],
-                    isolated=sandbox.isolated,
+                    isolated=False,
                     error=str(exc),
                 )
+            job = ValidateJob.for_file(str(uuid.uuid4()), str(path), data, add_to_pool=add_to_pool)
+            if wanted and report.verdict == "admitted":
+                report = run_locally(context, job, report, wanted)
+            if add_to_pool:
+                report = conclude(context, job, report)
             if progress is not None:
                 err.file.write("\r\033[K")
             reports.append(report)
@@ -190,8 +227,8 @@ def validate(
             else:
                 print_report(report)
     finally:
-        sandbox.close()
-    raise typer.Exit(exit_code(reports))
+        context.close()
+    return reports
 
 
 def exit_code(reports: list[ValidationReport]) -> int:

@@ -79,8 +79,13 @@ class Sandbox:
         argv, env, self.isolated = server_command(self.settings, hash_seed=self.hash_seed)
         try:
             self._proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                env=env, start_new_session=True, close_fds=True,
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
             )
         except OSError as exc:
             raise SandboxUnavailable(f"cannot start the sandbox ({argv[0]}): {exc}") from exc
@@ -93,7 +98,9 @@ class Sandbox:
             raise SandboxUnavailable(f"the sandbox did not start: {exc}") from exc
         if not isinstance(hello, dict) or hello.get("ready") is not True:
             self._kill()
-            raise SandboxUnavailable(f"the sandbox did not start: unexpected greeting {hello!r:.200}")
+            raise SandboxUnavailable(
+                f"the sandbox did not start: unexpected greeting {hello!r:.200}"
+            )
         self.confinement = hello.get("confinement") or {}
         if not self.isolated:
             log.warning("sandbox_not_isolated", detail="environment code runs WITHOUT isolation")
@@ -102,9 +109,22 @@ class Sandbox:
         with self._lock:
             self._kill()
 
-    def run(self, source: str, ops: list[dict[str, Any]], *, filename: str = "environment.py",
-            op_seconds: float | None = None) -> list[OpResult]:
-        """Run `ops` on the environment in `source`; one result per op, in order."""
+    def run(
+        self,
+        source: str,
+        ops: list[dict[str, Any]],
+        *,
+        filename: str = "environment.py",
+        op_seconds: float | None = None,
+    ) -> list[OpResult]:
+        """Run `ops` on the environment in `source`; one result per op, in order.
+
+        `op_seconds` (default: the settings' `op_seconds`) is the wall-clock limit of each op of
+        this request, the CPU limit is that times the number of ops, and the host waits for the
+        whole request that long plus a little. Pass a longer one for ops that do the work of
+        many, such as a `grade` op scoring a group of answers (`grade.grade_op_seconds`): the
+        limit applies to the whole op, and an op that overruns it fails as a whole.
+        """
         if not ops:
             return []
         limits = {

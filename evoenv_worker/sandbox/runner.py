@@ -4,13 +4,16 @@ Started by `host.Sandbox` as `python -I -S -B runner.py ROOT [--confine]`, where
 `shared` package. It reads one JSON request per line on stdin and, for each, forks a child that
 confines itself further (rlimits, then `confine.confine_child` when confined), loads the
 environment source and runs the request's operations in order, writing one JSON line per
-operation to a private pipe. The server relays each line to stdout re-encoded, enforces the
-per-operation time limit and the output cap, and forks a fresh child for the remaining
-operations when one dies or overruns. It ends every request with a `{"done": true}` line.
+operation to a private pipe. The server checks each line (exactly one JSON object, with the
+expected "i" and a boolean "ok") and relays it to stdout as it is, enforces the per-operation
+time limit and the output cap, and forks a fresh child for the remaining operations when one
+dies or overruns. It ends every request with a `{"done": true}` line, once the child is reaped.
 
 The server itself never runs environment code. A child can only forge the results of its own
 request (it is the code being judged, so that gives it nothing its routines could not do);
-it cannot touch the server, later requests or the host.
+it cannot touch the server, later requests or the host. The one thing a child hands the server
+beyond its results, its compiled module for `_code_cache`, is written before any environment
+code runs in it and is never unmarshalled by the server.
 
 Operations (each a dict with "op"):
 - describe: the class attributes of the environment.
@@ -30,6 +33,7 @@ Operations (each a dict with "op"):
   or when `answers` is not a list; and, like any op, when the whole op overruns the time limit,
   runs the child out of memory or kills it: then no answer of it has a reward.
   Each score call gets its own copy of the instance and the reference, as the `score` op does.
+  Its "seconds" has sample, solve, render, answer_text, and score for all the answers together.
 Every result is {"i", "ok", ...}: ok results carry "value" (and "seconds"); failed ones carry
 "kind" (exception, type, value, timeout, memory, crash, output, load, dependency, skipped),
 "routine" and "error".
@@ -58,6 +62,22 @@ MAX_FAILURES_PER_REQUEST = 3
 """After this many dead or overrunning children, the rest of a request is skipped."""
 CHILD_OPEN_FILES = 256
 """RLIMIT_NOFILE of a child: bounds the kernel memory its descriptors can hold."""
+CODE_CACHE_ENTRIES = 16
+"""Compiled environment modules the server keeps (see `_code_cache`)."""
+CODE_CACHE_BYTES = 256 << 10
+"""Largest compiled module (marshal bytes) the server keeps."""
+
+_code_cache: dict[tuple[str, str], bytes] = {}
+"""(filename, source) -> marshal bytes of `compile(source, filename, "exec")`, oldest first.
+
+Compiling is most of what loading an environment costs, so the first child of a request whose
+source is not here compiles it and sends the marshalled code object as its first line, before
+any environment code has run in it (so the bytes are a pure function of the source), and later
+children unmarshal it instead of compiling. The server only stores the bytes; it never
+unmarshals or runs them."""
+_quiet: list[Any] = []
+"""The text stream a child's `sys.stdout` and `sys.stderr` become (writes to its fd 1, which is
+/dev/null), made once by the server: opening one in every child costs a quarter millisecond."""
 
 
 def main() -> None:
@@ -76,6 +96,7 @@ def main() -> None:
         status = {"isolated": False}
     out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    _quiet.append(open(1, "w", closefd=False))  # noqa: SIM115 - lives as long as the server
     _emit(out, {"ready": True, "python": sys.version.split()[0], "confinement": status})
     for line in sys.stdin.buffer:
         try:
@@ -96,8 +117,11 @@ def _emit(out: Any, message: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- the server side
 
 
-def serve_request(out: Any, request: dict[str, Any], source: str, ops: list[Any], confined: bool) -> None:
+def serve_request(
+    out: Any, request: dict[str, Any], source: str, ops: list[Any], confined: bool
+) -> None:
     limits = request.get("limits", {})
+    filename = request.get("filename", "environment.py")
     op_seconds = float(limits.get("op_seconds", 10.0))
     output_bytes = int(limits.get("output_bytes", 1 << 20))
     done: dict[int, dict[str, Any]] = {}
@@ -106,16 +130,26 @@ def serve_request(out: Any, request: dict[str, Any], source: str, ops: list[Any]
     while pending:
         if failures >= MAX_FAILURES_PER_REQUEST:
             for i in pending:
-                _emit(out, _fail(i, "skipped", "", f"skipped after {failures} failed calls in this request"))
+                _emit(
+                    out,
+                    _fail(
+                        i, "skipped", "", f"skipped after {failures} failed calls in this request"
+                    ),
+                )
             return
         batch = [(i, _resolve(ops[i], done)) for i in pending]
+        key = (filename, source) if isinstance(filename, str) and isinstance(source, str) else None
+        code = _cached_code(key)
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: never returns
             os.close(read_fd)
-            _child(write_fd, source, request.get("filename", "environment.py"), batch, limits, confined)
+            _child(write_fd, source, filename, batch, limits, confined, code, key is not None)
         os.close(write_fd)
-        finished, failure = _relay(out, read_fd, pid, pending, op_seconds, output_bytes, done)
+        cache_key = key if code is None else None
+        finished, failure = _relay(
+            out, read_fd, pid, pending, op_seconds, output_bytes, done, cache_key
+        )
         os.close(read_fd)
         pending = pending[finished:]
         if failure is not None:
@@ -131,14 +165,30 @@ def _resolve(op: Any, done: dict[int, dict[str, Any]]) -> Any:
         answer = op.get("answer")
         if answer is None and isinstance(value.get("answer_text"), str):
             answer = value["answer_text"].strip()
-        return {"op": "score", "answer": answer, "from": None,
-                "instance": value.get("instance"), "reference": value.get("reference")}
+        return {
+            "op": "score",
+            "answer": answer,
+            "from": None,
+            "instance": value.get("instance"),
+            "reference": value.get("reference"),
+        }
     return op
 
 
-def _relay(out: Any, fd: int, pid: int, pending: list[int], op_seconds: float, cap: int,
-           done: dict[int, dict[str, Any]]) -> tuple[int, dict[str, Any] | None]:
-    """Copy the child's result lines to `out`; return how many finished and the failure, if any."""
+def _relay(
+    out: Any,
+    fd: int,
+    pid: int,
+    pending: list[int],
+    op_seconds: float,
+    cap: int,
+    done: dict[int, dict[str, Any]],
+    cache_key: tuple[str, str] | None = None,
+) -> tuple[int, dict[str, Any] | None]:
+    """Copy the child's result lines to `out`; return how many finished and the failure, if any.
+
+    With `cache_key`, the child's first line is its code line (`_send_code`), kept, not relayed.
+    """
     buffer = b""
     finished = 0
     deadline = time.monotonic() + op_seconds
@@ -157,6 +207,10 @@ def _relay(out: Any, fd: int, pid: int, pending: list[int], op_seconds: float, c
         while b"\n" in buffer and finished < len(pending):
             line, buffer = buffer.split(b"\n", 1)
             index = pending[finished]
+            if cache_key is not None:  # the first line is the code line (`_send_code`)
+                _store_code(cache_key, line)
+                cache_key = None
+                continue
             result = _parse_child_line(line, index)
             if result is None:
                 _kill(pid)
@@ -171,9 +225,31 @@ def _relay(out: Any, fd: int, pid: int, pending: list[int], op_seconds: float, c
             deadline = time.monotonic() + op_seconds
         if len(buffer) > cap:
             _kill(pid)
-            return finished, _fail(pending[finished], "output", "", f"result larger than {cap} bytes")
+            return finished, _fail(
+                pending[finished], "output", "", f"result larger than {cap} bytes"
+            )
     _kill(pid)  # it has answered everything; it must not outlive the request (os._exit patched)
     return finished, None
+
+
+def _cached_code(key: tuple[str, str] | None) -> bytes | None:
+    """The kept code of `key`, now the most recently used (the oldest goes out first)."""
+    code = _code_cache.pop(key, None) if key is not None else None
+    if key is not None and code is not None:
+        _code_cache[key] = code
+    return code
+
+
+def _store_code(key: tuple[str, str], line: bytes) -> None:
+    """Keep the code a child sent (`_send_code`); the server never unmarshals it."""
+    try:
+        code = bytes.fromhex(json.loads(line)["code"])
+    except (ValueError, KeyError, TypeError):
+        return  # {"code": null}: nothing to keep
+    _code_cache.pop(key, None)
+    _code_cache[key] = code
+    while len(_code_cache) > CODE_CACHE_ENTRIES:
+        del _code_cache[next(iter(_code_cache))]
 
 
 def _parse_child_line(line: bytes, index: int) -> dict[str, Any] | None:
@@ -181,7 +257,11 @@ def _parse_child_line(line: bytes, index: int) -> dict[str, Any] | None:
         result = json.loads(line)
     except ValueError:
         return None
-    if not isinstance(result, dict) or result.get("i") != index or not isinstance(result.get("ok"), bool):
+    if (
+        not isinstance(result, dict)
+        or result.get("i") != index
+        or not isinstance(result.get("ok"), bool)
+    ):
         return None
     return result
 
@@ -214,13 +294,25 @@ def _fail(index: int, kind: str, routine: str, error: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the child side
 
 
-def _child(write_fd: int, source: str, filename: str, batch: list[tuple[int, Any]],
-           limits: dict[str, Any], confined: bool) -> None:
+def _child(
+    write_fd: int,
+    source: str,
+    filename: str,
+    batch: list[tuple[int, Any]],
+    limits: dict[str, Any],
+    confined: bool,
+    code: bytes | None,
+    cacheable: bool,
+) -> None:
     try:
         _isolate_child(write_fd, limits, len(batch), confined)
         results = os.fdopen(write_fd, "wb", buffering=0)
         dumps = json.dumps
-        env_or_error = _load(source, filename)
+        compiled = _compile(source, filename, code)
+        _code_cache.clear()  # other environments' code is none of this one's business
+        if code is None and cacheable:
+            _send_code(write_fd, compiled, int(limits.get("output_bytes", 1 << 20)))
+        env_or_error = compiled if isinstance(compiled, str) else _load(compiled, filename)
         kept: dict[int, dict[str, Any]] = {}
         for index, op in batch:
             if isinstance(env_or_error, str):
@@ -231,7 +323,11 @@ def _child(write_fd: int, source: str, filename: str, batch: list[tuple[int, Any
             try:
                 line = dumps(result, separators=(",", ":"), default=_unencodable)
             except (ValueError, RecursionError):
-                line = dumps(_fail(index, "type", result.get("routine", ""), "result cannot be encoded as JSON"))
+                line = dumps(
+                    _fail(
+                        index, "type", result.get("routine", ""), "result cannot be encoded as JSON"
+                    )
+                )
             results.write(line.encode("utf-8", "replace") + b"\n")
     finally:
         os._exit(0)
@@ -243,7 +339,8 @@ def _isolate_child(write_fd: int, limits: dict[str, Any], n_ops: int, confined: 
         os.dup2(devnull, fd)
     os.closerange(3, write_fd)
     os.closerange(write_fd + 1, 1 << 16)
-    sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the child
+    # fds 1 and 2 are /dev/null now; so is the stream the server made for this (`_quiet`).
+    sys.stdout = sys.stderr = _quiet[0] if _quiet else open(os.devnull, "w")  # noqa: SIM115
     memory = int(limits.get("memory_mb", 1024)) << 20
     cpu = int(float(limits.get("op_seconds", 10.0)) * n_ops) + 2
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
@@ -262,23 +359,61 @@ def _unencodable(value: object) -> str:
     return f"<{type(value).__name__}>"
 
 
-def _load(source: str, filename: str) -> Any:
-    """Execute the environment source as a module; return an instance of its class or an error."""
+def _compile(source: str, filename: str, cached: bytes | None) -> Any:
+    """The module's code object (from the server's cache when it has it), or an error."""
+    if cached is not None:
+        try:
+            return marshal.loads(cached)
+        except (ValueError, EOFError, TypeError, MemoryError):
+            pass
+    try:
+        return compile(source, filename, "exec")
+    except MemoryError:
+        return "ran out of memory while loading the module"
+    except BaseException as exc:  # noqa: BLE001 - a source that does not compile is its failure
+        return f"loading the module raised {_describe(exc)}"
+
+
+def _send_code(fd: int, code: Any, output_bytes: int) -> None:
+    """Write the code line: the compiled module, or null when there is none to keep.
+
+    It is the child's first line and is written whole before any environment code runs in
+    this process, so what the server keeps depends on the source alone; the server takes the
+    first line of such a child as this line, whatever it holds."""
+    line = b'{"code":null}\n'
+    if not isinstance(code, str):
+        try:
+            data = marshal.dumps(code)
+            if len(data) <= min(CODE_CACHE_BYTES, output_bytes // 4):
+                line = b'{"code":"' + data.hex().encode() + b'"}\n'
+        except (ValueError, MemoryError):
+            pass
+    view = memoryview(line)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _load(code: Any, filename: str) -> Any:
+    """Execute the compiled module; return an instance of its Environment class or an error."""
     from shared.environment import Environment
 
     module = types.ModuleType("candidate")
     module.__file__ = filename
     sys.modules["candidate"] = module
     try:
-        code = compile(source, filename, "exec")
         exec(code, module.__dict__)
     except MemoryError:
         return "ran out of memory while loading the module"
     except BaseException as exc:  # noqa: BLE001 - anything the module does at import is its failure
         return f"loading the module raised {_describe(exc)}"
-    classes = [value for value in vars(module).values()
-               if isinstance(value, type) and issubclass(value, Environment)
-               and value is not Environment and value.__module__ == "candidate"]
+    classes = [
+        value
+        for value in vars(module).values()
+        if isinstance(value, type)
+        and issubclass(value, Environment)
+        and value is not Environment
+        and value.__module__ == "candidate"
+    ]
     if len(classes) != 1:
         return f"expected exactly one Environment subclass, found {len(classes)}"
     try:
@@ -343,7 +478,9 @@ def _instance(env: Any, op: dict[str, Any]) -> dict[str, Any]:
         seed_global_random(name, seed, difficulty)
         instance = call("sample", env.sample, rng, difficulty)
         if not isinstance(instance, dict):
-            return _fail(-1, "type", "sample", f"sample returned {type(instance).__name__}, expected dict")
+            return _fail(
+                -1, "type", "sample", f"sample returned {type(instance).__name__}, expected dict"
+            )
         instance_ok = json_round_trips(instance)
         routine = "solve"
         reference = call("solve", env.solve, _copy(instance, instance_ok))
@@ -351,18 +488,30 @@ def _instance(env: Any, op: dict[str, Any]) -> dict[str, Any]:
         routine = "render"
         prompt = call("render", env.render, _copy(instance, instance_ok))
         if not isinstance(prompt, str):
-            return _fail(-1, "type", "render", f"render returned {type(prompt).__name__}, expected str")
+            return _fail(
+                -1, "type", "render", f"render returned {type(prompt).__name__}, expected str"
+            )
         routine = "answer_text"
         text = call("answer_text", env.answer_text, _copy(reference, reference_ok))
         if not isinstance(text, str):
-            return _fail(-1, "type", "answer_text", f"answer_text returned {type(text).__name__}, expected str")
+            return _fail(
+                -1,
+                "type",
+                "answer_text",
+                f"answer_text returned {type(text).__name__}, expected str",
+            )
     except MemoryError:
         return _fail(-1, "memory", routine, f"{routine} ran out of memory")
     except BaseException as exc:  # noqa: BLE001 - the environment's failure, reported as a result
         return _fail(-1, "exception", routine, f"{routine} raised {_describe(exc)}")
-    value = {"instance": instance, "reference": reference, "prompt": prompt, "answer_text": text,
-             "round_trip": {"instance": instance_ok, "reference": reference_ok},
-             "reference_type": type(reference).__name__}
+    value = {
+        "instance": instance,
+        "reference": reference,
+        "prompt": prompt,
+        "answer_text": text,
+        "round_trip": {"instance": instance_ok, "reference": reference_ok},
+        "reference_type": type(reference).__name__,
+    }
     return {"ok": True, "value": value, "seconds": seconds}
 
 
@@ -434,8 +583,12 @@ def _grade(env: Any, op: dict[str, Any]) -> dict[str, Any]:
         errors.append(error)
     seconds = dict(made["seconds"])
     seconds["score"] = round(time.perf_counter() - start, 6)
-    graded = {"rewards": rewards, "errors": errors, "prompt": value["prompt"],
-              "answer_text": value["answer_text"]}
+    graded = {
+        "rewards": rewards,
+        "errors": errors,
+        "prompt": value["prompt"],
+        "answer_text": value["answer_text"],
+    }
     return {"ok": True, "value": graded, "seconds": seconds}
 
 
@@ -465,7 +618,9 @@ def _answer_text(env: Any, op: dict[str, Any]) -> dict[str, Any]:
     except BaseException as exc:  # noqa: BLE001
         return _fail(-1, "exception", "answer_text", f"answer_text raised {_describe(exc)}")
     if not isinstance(text, str):
-        return _fail(-1, "type", "answer_text", f"answer_text returned {type(text).__name__}, expected str")
+        return _fail(
+            -1, "type", "answer_text", f"answer_text returned {type(text).__name__}, expected str"
+        )
     return {"ok": True, "value": text}
 
 

@@ -17,10 +17,26 @@ RUN = "test"
 
 
 def group(group_id: str, version: int) -> GradedGroup:
-    completion = GradedCompletion(text="<answer>1</answer>", token_ids=[1, 2], logprobs=[-0.1, -0.2],
-                                  policy_version=version, reward=1.0, outcome="scored")
-    return GradedGroup(run=RUN, group_id=group_id, role="solver", env_name="e", env_sha="s", seed=0,
-                       difficulty=1, prompt="p", policy_version=version, completions=[completion])
+    completion = GradedCompletion(
+        text="<answer>1</answer>",
+        token_ids=[1, 2],
+        logprobs=[-0.1, -0.2],
+        policy_version=version,
+        reward=1.0,
+        outcome="scored",
+    )
+    return GradedGroup(
+        run=RUN,
+        group_id=group_id,
+        role="solver",
+        env_name="e",
+        env_sha="s",
+        seed=0,
+        difficulty=1,
+        prompt="p",
+        policy_version=version,
+        completions=[completion],
+    )
 
 
 def fill(url: str, groups: list[GradedGroup]) -> None:
@@ -31,8 +47,13 @@ def fill(url: str, groups: list[GradedGroup]) -> None:
 
 
 def consumer(url: str, name: str, **kwargs: int) -> RolloutConsumer:
-    return RolloutConsumer(aioredis.Redis.from_url(url), RUN, name, max_staleness=kwargs.get("max_staleness", 4),
-                           claim_idle_ms=kwargs.get("claim_idle_ms", 60_000))
+    return RolloutConsumer(
+        aioredis.Redis.from_url(url),
+        RUN,
+        name,
+        max_staleness=kwargs.get("max_staleness", 4),
+        claim_idle_ms=kwargs.get("claim_idle_ms", 60_000),
+    )
 
 
 def stream_length(url: str) -> int:

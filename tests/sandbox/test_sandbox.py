@@ -14,15 +14,19 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog.testing
 
+from evoenv_worker.admission import calibration_stage
+from evoenv_worker.grade import grade_group, grade_op_seconds
 from evoenv_worker.sandbox import confine, host, launch
 from evoenv_worker.sandbox.host import Sandbox
-from shared.config import SandboxSettings
+from shared.config import SandboxSettings, Settings
 from shared.environment import Environment, make_rng, seed_global_random
 from shared.errors import SandboxFailure, SandboxUnavailable
+from shared.messages import CompletionRecord, EnvRef, SolverJob, StageJob, Trace
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,6 +73,57 @@ class Tools(Environment):
                 thread.join()
         return 1.0
 '''
+
+
+GRADE_SOURCE = """
+import random
+
+from shared.environment import Environment
+
+
+class Graded(Environment):
+    \"\"\"Its sampler fails at difficulty 9; its scorer mutates what it is given, then obeys.\"\"\"
+
+    name = "graded"
+    description = "Double a number; the scorer follows orders."
+
+    def sample(self, rng: random.Random, difficulty: int) -> dict:
+        if difficulty == 9:
+            raise RuntimeError("no instance at difficulty 9")
+        return {"n": rng.randint(1, 10 ** difficulty), "seen": []}
+
+    def solve(self, instance: dict) -> list:
+        return [2 * instance["n"]]
+
+    def render(self, instance: dict) -> str:
+        return f"What is twice {instance['n']}?"
+
+    def score(self, instance: dict, reference: list, answer: str) -> float:
+        if instance["seen"] or reference != [2 * instance["n"]]:
+            return 0.5  # what an earlier call did to its instance or reference leaked here
+        instance["seen"].append(answer)
+        instance["n"] = -1
+        reference.append(0)
+        if answer == "raise":
+            raise ValueError("cannot read " + answer)
+        if answer == "big":
+            return 2.0
+        if answer == "loop":
+            while True:
+                pass
+        return 1.0 if answer == str(reference[0]) else 0.0
+"""
+"""An environment for the `grade` op: per-answer copies, per-answer failures, failed ops."""
+
+
+def grade(seed: int, difficulty: int, answers: list[object]) -> dict[str, object]:
+    return {"op": "grade", "seed": seed, "difficulty": difficulty, "answers": answers}
+
+
+def right_answer(sandbox: Sandbox, seed: int, difficulty: int) -> tuple[str, dict[str, Any]]:
+    [made] = sandbox.run(GRADE_SOURCE, [{"op": "instance", "seed": seed, "difficulty": difficulty}])
+    assert made.ok, made
+    return made.value["answer_text"], made.value
 
 
 def order(text: str) -> dict[str, object]:
@@ -250,6 +305,200 @@ def test_the_confined_command_binds_only_what_it_needs(
     assert argv[-3:] == [f"{confine.ROOT}/sandbox/runner.py", confine.ROOT, "--confine"]
     if os.geteuid() == 0:
         assert f"--reuid={confined_settings.uid}" in argv and "--bounding-set=-all" in argv
+
+
+# ----------------------------------------------------------------------------- the grade op
+
+
+def test_the_grade_op_scores_every_answer_against_one_instance(sandbox: Sandbox) -> None:
+    right, made = right_answer(sandbox, 3, 2)
+    answers: list[object] = [right, "0", None, right, right + "0"]
+    [result] = sandbox.run(GRADE_SOURCE, [grade(3, 2, answers)])
+    assert result.ok, result
+    # Every call gets its own instance and reference: what the scorer did to them in one call
+    # (it mutates both) never reaches the next, so the second right answer scores 1.0 too.
+    assert result.value["rewards"] == [1.0, 0.0, None, 1.0, 0.0]
+    assert result.value["errors"] == [None] * 5
+    assert result.value["prompt"] == made["prompt"]
+    assert result.value["answer_text"] == right
+    assert {"sample", "solve", "score"} <= set(result.seconds)
+
+
+def test_the_grade_op_matches_the_seed_run_in_process(sandbox: Sandbox) -> None:
+    seed = load_seed("sort_words")
+    source = (REPO / "seeds" / "sort_words.py").read_text()
+    seed_global_random("sort_words", 5, 4)
+    instance = seed.sample(make_rng("sort_words", 5, 4), 4)
+    reference = seed.solve(instance)
+    right = seed.answer_text(reference)
+    answers = [right, "wrong", right.replace(", ", ","), right[::-1]]
+    [result] = sandbox.run(source, [grade(5, 4, list(answers))])
+    assert result.ok, result
+    assert result.value["rewards"] == [seed.score(instance, reference, a) for a in answers]
+    assert result.value["prompt"] == seed.render(instance)
+    assert result.value["answer_text"] == right
+
+
+def test_a_failing_answer_fails_alone(sandbox: Sandbox) -> None:
+    right, _ = right_answer(sandbox, 4, 2)
+    [result] = sandbox.run(GRADE_SOURCE, [grade(4, 2, ["raise", right, "big", 7, right])])
+    assert result.ok, result
+    assert result.value["rewards"] == [None, 1.0, None, None, 1.0]
+    errors = result.value["errors"]
+    assert "ValueError: cannot read raise" in errors[0]
+    assert "outside [0, 1]" in errors[2]
+    assert errors[3] == "answer must be a string"
+    assert errors[1] is None and errors[4] is None
+
+
+def test_a_sampling_failure_fails_the_grade_op(sandbox: Sandbox) -> None:
+    [failed, malformed] = sandbox.run(
+        GRADE_SOURCE,
+        [grade(1, 9, ["2", None]), {"op": "grade", "seed": 1, "difficulty": 2, "answers": "2"}],
+    )
+    assert (failed.ok, failed.kind, failed.routine) == (False, "exception", "sample")
+    assert "no instance at difficulty 9" in failed.error
+    assert (malformed.ok, malformed.kind) == (False, "type")
+
+
+def test_a_timeout_fails_the_whole_grade_op(
+    sandbox: Sandbox, check_benign: Callable[[Sandbox], None]
+) -> None:
+    right, _ = right_answer(sandbox, 2, 2)
+    start = time.monotonic()
+    [result] = sandbox.run(GRADE_SOURCE, [grade(2, 2, [right, "loop", right])], op_seconds=1.0)
+    assert (result.ok, result.kind) == (False, "timeout"), result
+    assert "no result within 1 s" in result.error
+    assert time.monotonic() - start < 1.0 + 2.0
+    check_benign(sandbox)
+
+
+POISON_SOURCE = """
+import marshal
+import os
+import random
+
+from shared.environment import Environment
+
+FORGED = marshal.dumps(compile("raise SystemExit('forged')", "environment.py", "exec")).hex()
+
+
+class Poison(Environment):
+    \"\"\"Its scorer writes a code line of its own to every descriptor it has.\"\"\"
+
+    name = "poison"
+    description = "Try to plant compiled code in the server's cache."
+
+    def sample(self, rng: random.Random, difficulty: int) -> dict:
+        return {"n": rng.randint(1, 9)}
+
+    def solve(self, instance: dict) -> int:
+        return instance["n"]
+
+    def render(self, instance: dict) -> str:
+        return "Repeat the number."
+
+    def score(self, instance: dict, reference: int, answer: str) -> float:
+        line = ('{"code":"%s"}\\n' % FORGED).encode()
+        for fd in range(256):
+            try:
+                os.write(fd, line)
+            except OSError:
+                pass
+        return 1.0
+"""
+
+
+def test_a_child_cannot_plant_code_in_the_server_cache(sandbox: Sandbox) -> None:
+    """The server keeps the compiled module of a source (the first line of the first child
+    that compiles it, written before any environment code runs). A forged code line written by
+    environment code, whether or not the source is cached yet, is a malformed result, and later
+    requests still run the real module."""
+    source = POISON_SOURCE + f"# {time.time_ns()}\n"  # not cached yet
+    for _ in range(2):  # the first compiles (and the server keeps it), the second unmarshals
+        [attack] = sandbox.run(source, [grade(1, 1, ["1"])])
+        assert (attack.ok, attack.kind) == (False, "output"), attack
+        [describe, made] = sandbox.run(
+            source, [{"op": "describe"}, {"op": "instance", "seed": 1, "difficulty": 1}]
+        )
+        assert describe.ok and describe.value["name"] == "poison", describe
+        assert made.ok and made.value["prompt"] == "Repeat the number.", made
+
+
+def _counting_runs(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    calls: list[Any] = []
+    run = sandbox.run
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append((args, kwargs))
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(sandbox, "run", counting)
+    return calls
+
+
+def test_grade_group_grades_a_group_in_one_grade_op(
+    sandbox: Sandbox, confined_settings: SandboxSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = Settings(sandbox=confined_settings)
+    right, _ = right_answer(sandbox, 6, 2)
+    texts = [f"<answer>{right}</answer>", "<answer>0</answer>", "no span", "<answer>raise</answer>"]
+    job = SolverJob(
+        run="test",
+        group_id="group",
+        env=EnvRef(name="graded", sha="0" * 64, source=GRADE_SOURCE),
+        seed=6,
+        difficulty=2,
+        group_size=len(texts),
+        prompt="(prompt)",
+        completions=[CompletionRecord(text=t) for t in texts],
+    )
+    calls = _counting_runs(sandbox, monkeypatch)
+    group = grade_group(sandbox, job, settings)
+    [(args, kwargs)] = calls
+    assert args[1] == [grade(6, 2, [right, "0", None, "raise"])]
+    assert kwargs["op_seconds"] == grade_op_seconds(settings, 3) == 4 * confined_settings.op_seconds
+    graded = [(c.outcome, c.reward) for c in group.completions]
+    assert graded == [("scored", 1.0), ("scored", 0.0), ("format_error", 0.0), ("env_error", None)]
+    assert "ValueError: cannot read raise" in group.completions[3].detail
+    assert group.data == {}
+
+    failed = grade_group(sandbox, job.model_copy(update={"difficulty": 9}), settings)
+    assert [(c.outcome, c.reward) for c in failed.completions] == [("env_error", None)] * 4
+    assert failed.data["env_error"].startswith("sampling failed: sample raised RuntimeError")
+
+
+def test_calibration_grades_one_answer_per_instance(
+    sandbox: Sandbox, confined_settings: SandboxSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = Settings(sandbox=confined_settings)
+    seeds = [1, 2, 3]
+    rights = [right_answer(sandbox, s, 2)[0] for s in seeds]
+    job = StageJob(
+        job_id="job",
+        run="test",
+        env=EnvRef(name="graded", sha="0" * 64, source=GRADE_SOURCE),
+        oracle="equality",
+        difficulty=2,
+        trace=Trace(seed=0, difficulty=2, prompt="(prompt)", reference=[0], answer_text="0"),
+        seeds=seeds,
+        completions=[
+            CompletionRecord(text=t)
+            for t in (f"<answer>{rights[0]}</answer>", f"<answer>{rights[1]}</answer>", "none")
+        ],
+    )
+    calls = _counting_runs(sandbox, monkeypatch)
+    report = calibration_stage(sandbox, job, settings)
+    assert report.ok, report
+    assert (report.data["passes"], report.data["env_errors"]) == (2, 0)
+    [(args, kwargs)] = calls
+    assert args[1] == [grade(1, 2, [rights[0]]), grade(2, 2, [rights[1]]), grade(3, 2, [None])]
+    assert kwargs["op_seconds"] == grade_op_seconds(settings, 1)
+
+    raising = [CompletionRecord(text="<answer>raise</answer>"), *job.completions[1:]]
+    report = calibration_stage(sandbox, job.model_copy(update={"completions": raising}), settings)
+    assert not report.ok and report.data["env_errors"] == 1
+    assert "scorer failed on 1 of 3" in report.detail
 
 
 # ----------------------------------------------------------------------------- start-up

@@ -1,0 +1,20 @@
+"""`python -m evoenv_learner`: parse settings, configure logging, run the learner."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from evoenv_learner.loop import run
+from shared.config import Settings
+from shared.logging import configure_logging
+
+
+def main() -> None:
+    settings = Settings()
+    configure_logging(settings.log_format, settings.log_level)
+    asyncio.run(run(settings, resume="--resume" in sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

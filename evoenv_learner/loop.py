@@ -1,0 +1,252 @@
+"""The learner: one asyncio process, its components in one TaskGroup joined by bounded queues.
+
+    orchestrator --Celery jobs--> workers --graded groups--> Redis stream
+    consumer (stream -> bounded queue) -> trainer (steps, pushes, checkpoints, evaluation)
+
+Torch work runs behind `asyncio.to_thread`. SIGTERM or SIGINT stops it cleanly: no new jobs
+are sent (jobs in flight finish on the workers and wait in the stream), the trainer finishes
+its step and writes a checkpoint, then the stream entries it includes are acknowledged.
+`resume=True` continues from the last checkpoint: its weights are pushed to every server as
+version max(checkpoint, Redis) + 1, so a version number is never reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+import structlog
+
+from evoenv_learner.consumer import RolloutConsumer
+from evoenv_learner.evaluate import evaluate
+from evoenv_learner.grpo import group_advantages
+from evoenv_learner.metrics import MetricsSink
+from evoenv_learner.orchestrator import Orchestrator
+from evoenv_learner.pool import Pool, seed_pool
+from shared.config import Settings
+from shared.db import Archive
+from shared.messages import GradedGroup
+from shared.policy import read_version
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class LearnerState:
+    step: int = 0
+    version: int = 0
+    stale_dropped: int = 0
+    skipped_groups: int = 0
+    funnel: dict[str, int] = field(default_factory=dict)
+    last_metrics: dict[str, Any] = field(default_factory=dict)
+
+
+async def run(settings: Settings, *, resume: bool = False, on_step: Any = None) -> LearnerState:
+    """Run the learner until `learner.steps` steps are done (0: until stopped)."""
+    from evoenv_learner.publisher import ReloadPublisher
+    from evoenv_learner.trainer import Trainer, latest_checkpoint
+    from evoenv_worker.app import configure
+    from evoenv_worker.models import prepare_model
+    from shared.redis_client import connect
+
+    configure(settings)
+    run_dir = settings.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    archive = Archive(settings.archive_url)
+    await asyncio.to_thread(seed_pool, archive, settings.seeds_dir)
+    pool = Pool(archive, settings.pool)
+    sync_redis = connect(settings, check=True)
+    client = aioredis.Redis.from_url(
+        settings.redis_url, socket_connect_timeout=settings.worker.connect_timeout
+    )
+    model_path = await asyncio.to_thread(prepare_model, settings)
+    trainer = await asyncio.to_thread(Trainer, model_path, settings.grpo)
+    publisher = ReloadPublisher(
+        settings.vllm_urls, sync_redis, run_dir / "weights", current=model_path
+    )
+    state = LearnerState(version=read_version(sync_redis))
+    extra: dict[str, Any] = {}
+    latest = latest_checkpoint(run_dir / "checkpoints") if resume else None
+    if latest is not None:
+        extra = await asyncio.to_thread(trainer.load_checkpoint, latest)
+        state.step = trainer.step_count
+        state.funnel = dict(extra.get("funnel", {}))
+        target = max(int(extra.get("version", 0)), read_version(sync_redis)) + 1
+        state.version = await asyncio.to_thread(publisher.publish, trainer.model, target)
+        log.info("learner_resumed", checkpoint=str(latest), step=state.step, version=state.version)
+    elif resume:
+        log.warning(
+            "no_checkpoint",
+            detail=f"nothing to resume in {run_dir / 'checkpoints'}; starting fresh",
+        )
+    consumer = RolloutConsumer(client, settings.run, "learner", settings.learner.max_staleness)
+    await consumer.start(list(extra.get("unacked", [])))
+    rng = random.Random(extra.get("orchestrator_seed", time.time_ns()))
+    orchestrator = Orchestrator(settings, pool, consumer.backlog, rng=rng)
+    metrics = MetricsSink(settings, archive, run_dir / "tensorboard")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    queue: asyncio.Queue[GradedGroup] = asyncio.Queue(maxsize=settings.grpo.batch_groups * 4)
+    log.info(
+        "learner_started",
+        run=settings.run,
+        model=str(model_path),
+        step=state.step,
+        version=state.version,
+        settings=settings.masked(),
+    )
+
+    async def checkpoint() -> None:
+        ids = consumer.take_for_checkpoint()
+        extra = {
+            "version": state.version,
+            "unacked": ids,
+            "funnel": state.funnel,
+            "orchestrator_seed": rng.random(),
+        }
+        await asyncio.to_thread(
+            trainer.save_checkpoint,
+            run_dir / "checkpoints",
+            extra,
+            keep=settings.learner.keep_checkpoints,
+        )
+        await consumer.acknowledge(ids)
+
+    async def consume() -> None:
+        while not stop.is_set():
+            groups = await consumer.read(settings.grpo.batch_groups, 1000, state.version)
+            state.stale_dropped = consumer.stats.stale
+            for group in groups:
+                if group.role == "generator":
+                    orchestrator.generation_done(group.group_id)
+                    for outcome in group.data.get("funnel", []):
+                        state.funnel[outcome] = state.funnel.get(outcome, 0) + 1
+                elif group.data.get("over_budget"):
+                    orchestrator.over_budget(group.env_sha, group.difficulty)
+                    continue
+                else:
+                    await asyncio.to_thread(_record_gradings, pool, group)
+                rewards = [c.reward for c in group.completions]
+                if group_advantages(rewards, group.role, settings.grpo) is None:
+                    state.skipped_groups += 1  # no reward variance: nothing to learn from
+                    log.info(
+                        "group_skipped", group=group.group_id, role=group.role, rewards=rewards
+                    )
+                    continue
+                await _put(queue, group, stop)
+
+    async def train() -> None:
+        last_checkpoint = state.step
+        try:
+            while not stop.is_set() and (
+                not settings.learner.steps or state.step < settings.learner.steps
+            ):
+                batch = await _batch(queue, settings.grpo.batch_groups, stop)
+                if not batch:
+                    continue
+                step_metrics = await asyncio.to_thread(trainer.step, batch)
+                if trainer.step_count == state.step:
+                    log.warning("step_not_taken", groups=len(batch))
+                    continue
+                state.step = trainer.step_count
+                values = step_metrics.as_dict()
+                if state.step % settings.learner.push_every == 0:
+                    started = time.perf_counter()
+                    state.version = await asyncio.to_thread(publisher.publish, trainer.model)
+                    values["push_seconds"] = round(time.perf_counter() - started, 3)
+                values.update(
+                    version=state.version,
+                    zero_variance_skipped=state.skipped_groups,
+                    stale_dropped=state.stale_dropped,
+                    in_flight_solver=len(orchestrator.solver_in_flight),
+                    in_flight_generator=len(orchestrator.generator_in_flight),
+                    queue=queue.qsize(),
+                    pool=len(pool),
+                    **{f"funnel_{k}": v for k, v in state.funnel.items()},
+                )
+                state.last_metrics = values
+                await asyncio.to_thread(metrics.train, state.step, state.version, values)
+                if on_step is not None:
+                    on_step(state)
+                if state.step % settings.learner.checkpoint_every == 0:
+                    await checkpoint()
+                    last_checkpoint = state.step
+                if state.step % settings.learner.eval_every == 0:
+                    result = await evaluate(settings, orchestrator, stop)
+                    await asyncio.to_thread(metrics.eval, state.step, state.version, result)
+        finally:
+            stop.set()
+            if state.step > last_checkpoint or consumer.has_unacknowledged:
+                await checkpoint()
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(orchestrator.run(stop))
+            group.create_task(consume())
+            group.create_task(train())
+    finally:
+        metrics.close()
+        publisher.close()
+        await client.aclose()
+        sync_redis.close()
+    log.info("learner_stopped", step=state.step, version=state.version, funnel=state.funnel)
+    return state
+
+
+def _record_gradings(pool: Pool, group: GradedGroup) -> None:
+    errors = sum(c.outcome == "env_error" for c in group.completions)
+    passes = sum(c.reward == 1.0 for c in group.completions)
+    if group.env_sha in pool:
+        pool.record_gradings(
+            group.env_sha,
+            len(group.completions),
+            errors,
+            passes=passes,
+            difficulty=group.difficulty,
+        )
+
+
+async def _put(queue: asyncio.Queue[GradedGroup], group: GradedGroup, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(queue.put(group), timeout=1.0)
+            return
+        except TimeoutError:
+            continue
+
+
+async def _batch(
+    queue: asyncio.Queue[GradedGroup], size: int, stop: asyncio.Event
+) -> list[GradedGroup]:
+    """`size` groups, or fewer if the learner is stopping."""
+    batch: list[GradedGroup] = []
+    while len(batch) < size and not stop.is_set():
+        try:
+            batch.append(await asyncio.wait_for(queue.get(), timeout=1.0))
+        except TimeoutError:
+            continue
+    return batch if len(batch) == size else []
+
+
+def export(settings: Settings, folder: Path) -> Path:
+    """The policy of the run's last checkpoint as a Hugging Face folder."""
+    from evoenv_learner.trainer import Trainer, latest_checkpoint
+    from evoenv_worker.models import prepare_model
+    from shared.errors import UsageError
+
+    latest = latest_checkpoint(settings.run_dir / "checkpoints")
+    if latest is None:
+        raise UsageError(f"no checkpoint in {settings.run_dir / 'checkpoints'}: train first")
+    trainer = Trainer(prepare_model(settings), settings.grpo)
+    trainer.load_checkpoint(latest)
+    return trainer.export_hf(folder)

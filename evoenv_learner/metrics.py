@@ -1,0 +1,56 @@
+"""Where the learner's metrics go: one structured log line per step, TensorBoard scalars, and
+rows in the archive (for `evoenv status` and reports)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from shared.config import Settings
+from shared.db import Archive
+
+log = structlog.get_logger(__name__)
+
+
+class MetricsSink:
+    def __init__(self, settings: Settings, archive: Archive, tensorboard_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.run = settings.run
+        self.archive = archive
+        self.writer = SummaryWriter(str(tensorboard_dir))
+
+    def train(self, step: int, version: int, values: dict[str, Any]) -> None:
+        log.info("train_step", **{"step": step, **{k: _round(v) for k, v in values.items()}})
+        self._scalars("train", step, values)
+        self.archive.record_metrics(self.run, step, "train", version, _jsonable(values))
+
+    def eval(self, step: int, version: int, values: dict[str, Any]) -> None:
+        log.info(
+            "evaluation", step=step, version=version, **{k: _round(v) for k, v in values.items()}
+        )
+        self._scalars("eval", step, values)
+        self.archive.record_metrics(self.run, step, "eval", version, _jsonable(values))
+
+    def close(self) -> None:
+        self.writer.close()
+
+    def _scalars(self, prefix: str, step: int, values: dict[str, Any]) -> None:
+        for key, value in values.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(f"{prefix}/{key}", value, step)
+        self.writer.flush()
+
+
+def _round(value: Any) -> Any:
+    return round(value, 5) if isinstance(value, float) else value
+
+
+def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: v
+        for k, v in values.items()
+        if isinstance(v, (int, float, str, bool, type(None), list, dict))
+    }

@@ -1,0 +1,175 @@
+"""The orchestrator: keeps a bounded number of solver and generator groups in flight.
+
+Solver side: pick an environment from the pool (seed floor, rotation), a training seed and its
+serving difficulty, then the Celery chain sample (grading) -> complete (generation) -> grade
+(grading), which appends one graded group to the rollout stream. Generator side: a proposal
+prompt from a few pool members, sent to `propose` (generation), whose candidates go through
+admission; the generation group lands in the stream when its last candidate is done.
+
+Backpressure: nothing new is sent while the stream holds more unread groups than
+`learner.stream_backlog`. The orchestrator never imports environment code: it reads the class
+attributes it needs (name, oracle, difficulty range) from the source's syntax tree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from evoenv_learner.pool import Pool, PoolEntry
+from evoenv_worker.propose import Example, choose_examples, proposal_messages
+from evoenv_worker.static import check_static
+from shared.config import Settings
+from shared.environment import TRAIN_SEEDS
+from shared.messages import ProposalJob, SolverJob
+
+log = structlog.get_logger(__name__)
+
+EXAMPLES_PER_PROPOSAL = 2
+
+
+@dataclass(frozen=True, slots=True)
+class EnvInfo:
+    oracle: str
+    low: int
+    high: int
+
+
+@dataclass
+class Orchestrator:
+    settings: Settings
+    pool: Pool
+    backlog: Callable[[], Any]
+    """Coroutine function: how many graded groups wait unread in the stream."""
+    rng: random.Random = field(default_factory=random.Random)
+    solver_in_flight: dict[str, Any] = field(default_factory=dict)
+    generator_in_flight: set[str] = field(default_factory=set)
+    ceilings: dict[str, int] = field(default_factory=dict)
+    """Per environment: the highest difficulty whose prompt fits the prompt budget."""
+    sent: dict[str, int] = field(default_factory=lambda: {"solver": 0, "generator": 0})
+    _info: dict[str, EnvInfo] = field(default_factory=dict)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        from evoenv_worker import tasks
+
+        while not stop.is_set():
+            self._reap()
+            if await self.backlog() < self.settings.learner.stream_backlog:
+                while len(self.solver_in_flight) < self.settings.learner.solver_groups_in_flight:
+                    self._send_solver(tasks)
+                while (
+                    len(self.generator_in_flight) < self.settings.learner.generator_groups_in_flight
+                ):
+                    self._send_generator(tasks)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=0.5)
+            except TimeoutError:
+                pass
+
+    def generation_done(self, group_id: str) -> None:
+        """A generation group reached the stream."""
+        self.generator_in_flight.discard(group_id)
+
+    def over_budget(self, env_sha: str, difficulty: int) -> None:
+        """A prompt at `difficulty` did not fit: serve this environment one level easier."""
+        info = self._info.get(env_sha)
+        low = info.low if info else 1
+        self.ceilings[env_sha] = max(
+            low, min(self.ceilings.get(env_sha, difficulty), difficulty - 1)
+        )
+
+    # ---------------------------------------------------------------------------- solver
+
+    def _reap(self) -> None:
+        for group_id, result in list(self.solver_in_flight.items()):
+            if result.ready():
+                del self.solver_in_flight[group_id]
+                if result.failed():
+                    log.warning(
+                        "solver_group_failed", group_id=group_id, error=str(result.result)[:300]
+                    )
+
+    def _choose(self) -> PoolEntry:
+        wanted = set(self.settings.learner.environments)
+        for _ in range(100):
+            entry = self.pool.choose(self.rng)
+            if not wanted or entry.name in wanted:
+                return entry
+        raise LookupError(f"none of {sorted(wanted)} is in the pool")
+
+    def info(self, entry: PoolEntry) -> EnvInfo:
+        if entry.sha not in self._info:
+            static = check_static(entry.source.encode(), self.settings.validation.max_source_bytes)
+            self._info[entry.sha] = EnvInfo(static.oracle, *static.difficulties)
+        return self._info[entry.sha]
+
+    def difficulty(self, entry: PoolEntry) -> int:
+        info = self.info(entry)
+        level = self.settings.learner.difficulty or entry.difficulty or (info.low + info.high) // 2
+        level = min(level, self.ceilings.get(entry.sha, info.high))
+        return max(info.low, min(info.high, level))
+
+    def solver_job(
+        self,
+        entry: PoolEntry,
+        *,
+        run: str | None = None,
+        seed: int | None = None,
+        difficulty: int | None = None,
+        group_size: int | None = None,
+        temperature: float | None = None,
+    ) -> SolverJob:
+        g = self.settings.grpo
+        return SolverJob(
+            run=run or self.settings.run,
+            group_id=uuid.uuid4().hex,
+            env=entry.ref(),
+            seed=self.rng.randrange(TRAIN_SEEDS.start, TRAIN_SEEDS.stop) if seed is None else seed,
+            difficulty=self.difficulty(entry) if difficulty is None else difficulty,
+            group_size=group_size or g.group_size,
+            temperature=g.temperature if temperature is None else temperature,
+            max_tokens=g.max_tokens,
+            prompt_budget=self.settings.learner.prompt_budget,
+        )
+
+    def _send_solver(self, tasks: Any) -> None:
+        from celery import chain
+
+        job = self.solver_job(self._choose())
+        payload = job.model_dump(mode="json")
+        result = chain(tasks.sample.s(payload), tasks.complete.s(), tasks.grade.s()).apply_async()
+        self.solver_in_flight[job.group_id] = result
+        self.pool.record_use(job.env.sha)
+        self.sent["solver"] += 1
+
+    # ---------------------------------------------------------------------------- generator
+
+    def _send_generator(self, tasks: Any) -> None:
+        members = self.pool.members
+        examples = choose_examples(
+            [Example(m.name, self.info(m).oracle, m.source, m.sha) for m in members],
+            EXAMPLES_PER_PROPOSAL,
+            self.rng,
+        )
+        g = self.settings.grpo
+        job = ProposalJob(
+            run=self.settings.run,
+            group_id=uuid.uuid4().hex,
+            messages=proposal_messages(examples),
+            parents=[e.sha for e in examples],
+            group_size=g.group_size,
+            temperature=g.temperature,
+            max_tokens=g.generator_max_tokens,
+        )
+        tasks.propose.apply_async(args=[job.model_dump(mode="json")])
+        self.generator_in_flight.add(job.group_id)
+        self.sent["generator"] += 1
+        log.info(
+            "generation_group_sent", group_id=job.group_id, examples=[e.name for e in examples]
+        )

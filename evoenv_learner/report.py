@@ -1,0 +1,585 @@
+"""The run report: PNG figures and a Markdown summary of one training run, from the archive.
+
+`write_report(archive, run, folder)` reads the run's metric rows (kind "train": one per
+optimiser step; "eval": one per held-out evaluation) and the archive's environments, and
+writes into `folder`:
+
+    reward.png          solver and generator reward per step (batch mean, band of one std)
+    eval_pass_rate.png  held-out pass rate per evaluation with its 95 % Wilson interval
+    funnel.png          where generated candidates stopped, per 10 steps (stacked bars)
+    pool_size.png       active pool size (seeds + admitted) per step
+    difficulty.png      calibration and serving difficulty of the admitted environments
+    push_latency.png    seconds per weight push (write the weights, reload every server)
+    throughput.png      tokens per second through the trainer
+    report.md           the figures, the headline numbers, and the run's settings.json if any
+
+A figure with nothing to show yet is still written, with a "no data yet" panel, so a report
+of a run that has not stepped has the same files. The funnel_<stage> values of the train rows
+are cumulative counts; the funnel figure plots their increments. Environments carry no run
+name in the archive: the difficulty figure covers every environment admitted to it (one data
+folder per run keeps that to the run's own).
+
+Drawn on matplotlib `Figure` objects with the Agg canvas: no pyplot, no display, no global state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+from sqlmodel import select
+
+from shared.db import Archive, EnvironmentRow, MetricRow
+from shared.messages import MECHANICAL_STAGES, MODEL_STAGES
+
+FUNNEL_STAGES: tuple[str, ...] = (*MECHANICAL_STAGES, *MODEL_STAGES, "admitted")
+BUCKET_STEPS = 10
+HEADLINE_STEPS = 5
+DPI = 150
+ROLES = {"solver": "tab:blue", "generator": "tab:orange"}
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    markdown: Path
+    figures: dict[str, Path]
+    """Figure name (reward, eval_pass_rate, ...) -> its PNG."""
+
+    @property
+    def paths(self) -> list[Path]:
+        return [*self.figures.values(), self.markdown]
+
+
+@dataclass(frozen=True)
+class RunData:
+    run: str
+    train: list[MetricRow]
+    evals: list[MetricRow]
+    admitted: list[EnvironmentRow]
+    """Environments admitted to the pool (seeds excluded), whatever their status now."""
+
+    def series(self, key: str, rows: Sequence[MetricRow] | None = None) -> dict[int, float]:
+        """step -> value of `key`, over the steps whose row holds a finite number for it."""
+        found = {}
+        for row in self.train if rows is None else rows:
+            value = _number(row.values.get(key))
+            if value is not None:
+                found[row.step] = value
+        return found
+
+
+def load(archive: Archive, run: str) -> RunData:
+    admitted = [
+        row
+        for row in archive.environments()
+        if row.origin != "seed" and (row.status == "admitted" or "admitted_at" in (row.stats or {}))
+    ]
+    return RunData(run, archive.metrics(run, "train"), archive.metrics(run, "eval"), admitted)
+
+
+def write_report(
+    archive: Archive, run: str, folder: Path, *, run_dir: Path | None = None
+) -> ReportFiles:
+    """Write the figures and report.md of `run` into `folder`; the settings.json shown is read
+    from `run_dir` (default: `folder`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    data = load(archive, run)
+    figures: dict[str, Path] = {}
+    for name, (_, draw) in FIGURES.items():
+        figure = Figure(
+            figsize=(7.5, 6.0) if name == "reward" else (7.5, 4.2), layout="constrained"
+        )
+        FigureCanvasAgg(figure)
+        draw(figure, data)
+        figures[name] = folder / f"{name}.png"
+        figure.savefig(figures[name], dpi=DPI, facecolor="white", bbox_inches="tight")
+    settings_file = (run_dir or folder) / "settings.json"
+    settings = json.loads(settings_file.read_text()) if settings_file.is_file() else None
+    markdown = folder / "report.md"
+    markdown.write_text(render_markdown(data, figures, settings, archive_url(archive)))
+    return ReportFiles(markdown, figures)
+
+
+def recorded_runs(archive: Archive) -> list[str]:
+    """The runs with metrics in the archive."""
+    with archive.session() as session:
+        return sorted(session.exec(select(MetricRow.run).distinct()))
+
+
+def archive_url(archive: Archive) -> str:
+    return archive.engine.url.render_as_string(hide_password=True)
+
+
+# ---------------------------------------------------------------------------------- figures
+
+
+def _placeholder(ax: Axes, title: str) -> None:
+    ax.set_title(title)
+    ax.text(
+        0.5,
+        0.5,
+        "no data yet",
+        ha="center",
+        va="center",
+        fontsize=14,
+        color="0.45",
+        transform=ax.transAxes,
+    )
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _style(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if xlabel == "optimiser step":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+
+
+def draw_reward(figure: Figure, data: RunData) -> None:
+    figure.suptitle(f"Reward per optimiser step, run {data.run}")
+    steps = [row.step for row in data.train]
+    for ax, (role, colour) in zip(figure.subplots(2, 1), ROLES.items(), strict=True):
+        title = f"{role.capitalize()} reward"
+        mean = data.series(f"reward_mean_{role}")
+        if not mean:
+            _placeholder(ax, title)
+            continue
+        std = data.series(f"reward_std_{role}")
+        xs = sorted(mean)
+        ax.plot(
+            xs,
+            [mean[s] for s in xs],
+            color=colour,
+            marker="." if len(xs) <= 100 else None,
+            label="batch mean",
+        )
+        banded = [s for s in xs if s in std]
+        if len(banded) == 1:  # one step: a band has no width, draw the spread as a bar
+            (only,) = banded
+            ax.errorbar(
+                [only],
+                [mean[only]],
+                yerr=[std[only]],
+                color=colour,
+                alpha=0.4,
+                capsize=6,
+                label="± 1 std within the batch",
+            )
+        elif banded:
+            ax.fill_between(
+                banded,
+                [mean[s] - std[s] for s in banded],
+                [mean[s] + std[s] for s in banded],
+                color=colour,
+                alpha=0.2,
+                linewidth=0,
+                label="± 1 std within the batch",
+            )
+        ax.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
+        _style(ax, title, "optimiser step", "reward")
+        ax.legend(loc="best", fontsize="small")
+
+
+def draw_eval(figure: Figure, data: RunData) -> None:
+    ax = figure.subplots()
+    title = "Held-out pass rate (greedy)"
+    rate = data.series("pass_rate", data.evals)
+    if not rate:
+        _placeholder(ax, title)
+        return
+    xs = sorted(rate)
+    low, high = data.series("ci_low", data.evals), data.series("ci_high", data.evals)
+    below = [rate[s] - low.get(s, rate[s]) for s in xs]
+    above = [high.get(s, rate[s]) - rate[s] for s in xs]
+    envs = sorted({k for row in data.evals for k in row.values if k.startswith("pass_rate_")})
+    if len(envs) <= 10:
+        for key in envs:
+            per_env = data.series(key, data.evals)
+            ax.plot(
+                sorted(per_env),
+                [per_env[s] for s in sorted(per_env)],
+                linewidth=1,
+                alpha=0.45,
+                marker=".",
+                label=key.removeprefix("pass_rate_"),
+            )
+    ax.errorbar(
+        xs,
+        [rate[s] for s in xs],
+        yerr=[below, above],
+        fmt="o-",
+        color="black",
+        capsize=4,
+        linewidth=2,
+        label="all environments, 95 % interval",
+    )
+    instances = {row.values.get("instances") for row in data.evals} - {None}
+    if len(instances) == 1:
+        title += f", {instances.pop()} instances per evaluation"
+    ax.set_ylim(-0.03, 1.03)
+    _style(ax, title, "optimiser step", "pass rate")
+    if len(xs) <= 15:
+        ax.set_xticks(xs)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+
+
+def funnel_buckets(train: Sequence[MetricRow]) -> tuple[list[str], list[dict[str, int]]]:
+    """The stages (in funnel order) and, per bucket of BUCKET_STEPS steps, how many candidates
+    stopped at each: increments of the cumulative funnel_<stage> counters (a counter that goes
+    down was reset, by a fresh start, and counts again from zero)."""
+    seen = {
+        k.removeprefix("funnel_") for row in train for k in row.values if k.startswith("funnel_")
+    }
+    stages = [*FUNNEL_STAGES, *sorted(seen - set(FUNNEL_STAGES))]
+    if not train:
+        return stages, []
+    buckets = [
+        dict.fromkeys(stages, 0)
+        for _ in range(max(max(r.step for r in train) - 1, 0) // BUCKET_STEPS + 1)
+    ]
+    previous = dict.fromkeys(stages, 0)
+    for row in train:
+        bucket = buckets[max(row.step - 1, 0) // BUCKET_STEPS]
+        for stage in stages:
+            count = int(_number(row.values.get(f"funnel_{stage}")) or 0)
+            bucket[stage] += count - previous[stage] if count >= previous[stage] else count
+            previous[stage] = count
+    return stages, buckets
+
+
+def funnel_totals(train: Sequence[MetricRow]) -> dict[str, int]:
+    """How many candidates stopped at each stage over the whole run, in funnel order."""
+    stages, buckets = funnel_buckets(train)
+    return {stage: sum(b[stage] for b in buckets) for stage in stages}
+
+
+def _stage_colours(stages: Sequence[str]) -> dict[str, Any]:
+    from matplotlib import colormaps
+
+    mechanical, model = colormaps["Oranges"], colormaps["Purples"]
+    colours: dict[str, Any] = {}
+    for i, stage in enumerate(MECHANICAL_STAGES):
+        colours[stage] = mechanical(0.3 + 0.6 * i / max(len(MECHANICAL_STAGES) - 1, 1))
+    for i, stage in enumerate(MODEL_STAGES):
+        colours[stage] = model(0.4 + 0.45 * i / max(len(MODEL_STAGES) - 1, 1))
+    colours["admitted"] = "tab:green"
+    return {s: colours.get(s, "0.6") for s in stages}
+
+
+def draw_funnel(figure: Figure, data: RunData) -> None:
+    ax = figure.subplots()
+    title = f"Admission funnel: where generated candidates stopped, per {BUCKET_STEPS} steps"
+    stages, buckets = funnel_buckets(data.train)
+    if not any(any(b.values()) for b in buckets):
+        _placeholder(ax, title)
+        return
+    xs = list(range(len(buckets)))
+    bottom = [0] * len(buckets)
+    colours = _stage_colours(stages)
+    for stage in stages:
+        heights = [b[stage] for b in buckets]
+        if any(heights):
+            label = "admitted" if stage == "admitted" else f"stopped at {stage}"
+            ax.bar(
+                xs,
+                heights,
+                bottom=bottom,
+                color=colours[stage],
+                edgecolor="white",
+                linewidth=0.5,
+                label=label,
+            )
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    every = math.ceil(len(xs) / 12)
+    ax.set_xticks(xs[::every], [_bucket_label(i) for i in xs[::every]])
+    if len(xs) > 6:
+        ax.tick_params(axis="x", labelrotation=40)
+        for tick in ax.get_xticklabels():
+            tick.set_horizontalalignment("right")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    _style(ax, title, "optimiser steps", "candidates")
+    ax.grid(axis="x", visible=False)
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(
+        handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small"
+    )
+
+
+def _bucket_label(index: int) -> str:
+    return f"{index * BUCKET_STEPS + 1}–{(index + 1) * BUCKET_STEPS}"
+
+
+def draw_pool(figure: Figure, data: RunData) -> None:
+    ax = figure.subplots()
+    title = "Pool size (seeds + admitted environments)"
+    pool = data.series("pool")
+    if not pool:
+        _placeholder(ax, title)
+        return
+    xs = sorted(pool)
+    ax.step(xs, [pool[s] for s in xs], where="post", color="tab:green", linewidth=2)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    _style(ax, title, "optimiser step", "environments in the pool")
+
+
+def difficulties(rows: Sequence[EnvironmentRow]) -> tuple[list[int], list[int]]:
+    """The calibration difficulty (at admission) and the serving difficulty (now) of `rows`,
+    where recorded."""
+    calibrated, serving = [], []
+    for row in rows:
+        stats = row.stats or {}
+        level = _number((stats.get("calibration") or {}).get("difficulty"))
+        level = _number(stats.get("calibration_difficulty")) if level is None else level
+        if level is not None:
+            calibrated.append(int(level))
+        if (served := _number(stats.get("serving_difficulty"))) is not None:
+            serving.append(int(served))
+    return calibrated, serving
+
+
+def draw_difficulty(figure: Figure, data: RunData) -> None:
+    ax = figure.subplots()
+    title = f"Difficulty of the admitted environments (n = {len(data.admitted)})"
+    calibrated, serving = difficulties(data.admitted)
+    if not calibrated and not serving:
+        _placeholder(ax, title)
+        return
+    levels = list(range(min(calibrated + serving), max(calibrated + serving) + 1))
+    for offset, values, colour, label in (
+        (-0.2, calibrated, "tab:purple", "calibrated at admission"),
+        (0.2, serving, "tab:cyan", "served now, after the difficulty search"),
+    ):
+        if values:
+            ax.bar(
+                [lv + offset for lv in levels],
+                [values.count(lv) for lv in levels],
+                width=0.4,
+                color=colour,
+                label=f"{label} ({len(values)})",
+            )
+    ax.set_xticks(levels)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    _style(ax, title, "difficulty level", "environments")
+    ax.grid(axis="x", visible=False)
+    ax.legend(loc="best", fontsize="small")
+
+
+def _per_step(
+    key: str, title: str, ylabel: str, unit: str, colour: str, point: str
+) -> Callable[..., None]:
+    """A line of `key` per step, with its rolling and overall means; `point`: what one value
+    stands for (a push, a step)."""
+
+    def draw(figure: Figure, data: RunData) -> None:
+        ax = figure.subplots()
+        values = data.series(key)
+        if not values:
+            _placeholder(ax, title)
+            return
+        xs = sorted(values)
+        ys = [values[s] for s in xs]
+        ax.plot(
+            xs,
+            ys,
+            color=colour,
+            marker="." if len(xs) <= 100 else None,
+            linewidth=1,
+            label=f"each {point}",
+        )
+        if len(ys) >= 10:
+            window = max(5, len(ys) // 20)
+            rolling = [
+                sum(ys[max(0, i - window + 1) : i + 1]) / min(i + 1, window) for i in range(len(ys))
+            ]
+            ax.plot(
+                xs,
+                rolling,
+                color="black",
+                linewidth=1.5,
+                label=f"rolling mean of {window} {point}s",
+            )
+        mean = sum(ys) / len(ys)
+        ax.axhline(
+            mean,
+            color="0.4",
+            linestyle="--",
+            linewidth=1,
+            label=f"mean {mean:.0f} {unit}" if mean >= 100 else f"mean {mean:.3g} {unit}",
+        )
+        ax.set_ylim(bottom=0)
+        _style(ax, title, "optimiser step", ylabel)
+        ax.legend(loc="best", fontsize="small")
+
+    return draw
+
+
+FIGURES: dict[str, tuple[str, Callable[[Figure, RunData], None]]] = {
+    "reward": ("Solver and generator reward per optimiser step", draw_reward),
+    "eval_pass_rate": ("Held-out pass rate per evaluation, 95 % Wilson interval", draw_eval),
+    "funnel": (f"Admission funnel per {BUCKET_STEPS} steps", draw_funnel),
+    "pool_size": ("Pool size per step", draw_pool),
+    "difficulty": ("Difficulty distribution of the admitted environments", draw_difficulty),
+    "push_latency": (
+        "Weight-push latency per push",
+        _per_step(
+            "push_seconds",
+            "Weight-push latency (write + reload on every server)",
+            "seconds per push",
+            "s",
+            "tab:red",
+            "push",
+        ),
+    ),
+    "throughput": (
+        "Trainer throughput per step",
+        _per_step(
+            "tokens_per_second",
+            "Trainer throughput (prompt + completion tokens)",
+            "tokens / second",
+            "tokens/s",
+            "tab:blue",
+            "step",
+        ),
+    ),
+}
+
+
+# --------------------------------------------------------------------------------- markdown
+
+
+def headline(data: RunData) -> list[tuple[str, str]]:
+    """The headline numbers, as (what, value) rows."""
+    rows: list[tuple[str, str]] = []
+    train = data.train
+    if train:
+        span = (
+            f"step {train[0].step}"
+            if len(train) == 1
+            else f"steps {train[0].step}–{train[-1].step}"
+        )
+        rows.append(("optimiser steps recorded", f"{len(train)} ({span})"))
+        rows.append(
+            ("final policy version", str(train[-1].values.get("version", train[-1].version)))
+        )
+    else:
+        rows.append(("optimiser steps recorded", "0 (no training step recorded yet)"))
+    for role in ROLES:
+        reward = data.series(f"reward_mean_{role}")
+        if reward:
+            xs = sorted(reward)
+            first, last = xs[:HEADLINE_STEPS], xs[-HEADLINE_STEPS:]
+            rows.append(
+                (
+                    f"{role} reward, first {len(first)} → last {len(last)} steps",
+                    f"{_mean([reward[s] for s in first]):.3f} → {_mean([reward[s] for s in last]):.3f}",
+                )
+            )
+    if data.evals:
+        ends = [data.evals[0], data.evals[-1]] if len(data.evals) > 1 else [data.evals[0]]
+        rows.append(
+            ("held-out pass rate, first → last evaluation", " → ".join(_eval_text(r) for r in ends))
+        )
+        rows.append(("evaluations", str(len(data.evals))))
+    totals = funnel_totals(train)
+    candidates = sum(totals.values())
+    if candidates:
+        rows.append(("generated candidates judged (funnel)", str(candidates)))
+        rows.append(
+            (
+                "admitted from the funnel",
+                f"{totals['admitted']} ({100 * totals['admitted'] / candidates:.1f} %)",
+            )
+        )
+    now = sum(row.status == "admitted" for row in data.admitted)
+    rows.append(
+        ("environments admitted in the archive", f"{len(data.admitted)} ({now} still in the pool)")
+    )
+    if pool := data.series("pool"):
+        rows.append(("pool size at the last step", str(int(pool[max(pool)]))))
+    if push := data.series("push_seconds"):
+        rows.append(
+            (
+                "mean weight-push latency",
+                f"{_mean(list(push.values())):.3f} s over {len(push)} pushes",
+            )
+        )
+    if speed := data.series("tokens_per_second"):
+        rows.append(("mean throughput", f"{_mean(list(speed.values())):.1f} tokens/s"))
+    return rows
+
+
+def _eval_text(row: MetricRow) -> str:
+    rate = _number(row.values.get("pass_rate")) or 0.0
+    low, high = _number(row.values.get("ci_low")), _number(row.values.get("ci_high"))
+    interval = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
+    return f"{rate:.3f}{interval} at step {row.step}"
+
+
+def render_markdown(
+    data: RunData, figures: dict[str, Path], settings: dict[str, Any] | None, source: str
+) -> str:
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [f"# Run report: {data.run}", "", f"Written {stamp} from the archive `{source}`.", ""]
+    lines += ["## Headline numbers", "", "| metric | value |", "| --- | --- |"]
+    lines += [f"| {what} | {value} |" for what, value in headline(data)]
+    totals = funnel_totals(data.train)
+    candidates = sum(totals.values())
+    lines += ["", "## Admission funnel", ""]
+    if candidates:
+        lines += ["Where each generated candidate stopped (totals over the run).", ""]
+        lines += ["| stage | candidates | share |", "| --- | ---: | ---: |"]
+        lines += [f"| {s} | {n} | {100 * n / candidates:.1f} % |" for s, n in totals.items()]
+    else:
+        lines.append("No generated candidate judged yet.")
+    lines += ["", "## Figures", ""]
+    for name, path in figures.items():
+        lines += [
+            f"![{FIGURES[name][0]}]({path.name})",
+            "",
+            f"*{FIGURES[name][0]}* (`{path.name}`)",
+            "",
+        ]
+    lines += ["## Settings", ""]
+    if settings is None:
+        lines.append("No `settings.json` in the run folder.")
+    else:
+        lines += [
+            "From the run folder's `settings.json`.",
+            "",
+            "| setting | value |",
+            "| --- | --- |",
+        ]
+        lines += [f"| `{key}` | `{value}` |" for key, value in _flatten(settings)]
+    return "\n".join(lines) + "\n"
+
+
+def _flatten(settings: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for key, value in settings.items():
+        if isinstance(value, dict) and value:
+            out += _flatten(value, f"{prefix}{key}.")
+        else:
+            out.append((f"{prefix}{key}", json.dumps(value).replace("|", "\\|")))
+    return out
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)

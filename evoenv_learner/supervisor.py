@@ -1,0 +1,130 @@
+"""Child processes of `evoenv up`: start them, restart the ones that die, stop them all.
+
+Each child runs in its own session (process group), with its output in RUN/logs/NAME.log;
+stopping sends SIGTERM to the whole group, then SIGKILL after a grace period, so nothing is
+left behind (vLLM's engine and Celery's pool processes included). A child that dies is
+restarted with a growing delay, at most `max_restarts` times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    ready: Callable[[], bool] | None = None
+    """Returns True once the child serves (polled after each start)."""
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.started_at = time.monotonic()
+        log.info("child_started", child=self.name, pid=self.proc.pid)
+
+    def stop(self, grace: float = 20.0) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                log.warning("child_killed", child=self.name, after_seconds=grace)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of its group
+        proc.wait()
+        self.proc = None
+
+
+@dataclass
+class Supervisor:
+    children: list[Child] = field(default_factory=list)
+    max_restarts: int = 5
+    events: list[str] = field(default_factory=list)
+
+    def add(self, child: Child) -> Child:
+        self.children.append(child)
+        return child
+
+    async def start(self, child: Child, timeout: float) -> None:
+        """Start `child` and wait until it is ready (or raise with the tail of its log)."""
+        child.start()
+        deadline = time.monotonic() + timeout
+        while child.ready is not None and not await asyncio.to_thread(child.ready):
+            if not child.alive:
+                raise RuntimeError(
+                    f"{child.name} exited during start-up; see {child.log_path}:\n{_tail(child.log_path)}"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{child.name} was not ready after {timeout:.0f} s; see {child.log_path}"
+                )
+            await asyncio.sleep(0.5)
+
+    async def watch(self, stop: asyncio.Event, start_timeout: float = 300.0) -> None:
+        """Restart children that die until `stop` is set."""
+        while not stop.is_set():
+            for child in self.children:
+                if child.proc is not None and not child.alive and not stop.is_set():
+                    code = child.proc.returncode
+                    if child.restarts >= self.max_restarts:
+                        self.events.append(f"{child.name} died (exit {code}) too often; giving up")
+                        log.error("child_gave_up", child=child.name, code=code)
+                        stop.set()
+                        break
+                    child.restarts += 1
+                    self.events.append(f"{child.name} died (exit {code}); restart {child.restarts}")
+                    log.warning("child_died", child=child.name, code=code, restart=child.restarts)
+                    await asyncio.sleep(min(2.0**child.restarts, 30.0))
+                    try:
+                        await self.start(child, start_timeout)
+                    except RuntimeError as exc:
+                        log.error("child_restart_failed", child=child.name, error=str(exc)[:500])
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+
+    def stop_all(self) -> None:
+        """Stop every child, last started first."""
+        for child in reversed(self.children):
+            child.stop()
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text("utf-8", "replace").splitlines()[-lines:])
+    except OSError:
+        return ""

@@ -1,0 +1,196 @@
+"""`evoenv pool list|show|add|export|retire`: the admitted environments in the archive."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from evoenv_worker.cli.envs import _read, exit_code, out, print_report
+from shared.config import Settings
+from shared.errors import UsageError
+
+app = typer.Typer(help="The pool of admitted environments.", no_args_is_help=True)
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="pool")
+
+
+def _archive(settings: Settings) -> Any:
+    from evoenv_learner.pool import seed_pool
+    from shared.db import Archive
+
+    archive = Archive(settings.archive_url)
+    seed_pool(archive, settings.seeds_dir)
+    return archive
+
+
+def _find(archive: Any, name: str) -> Any:
+    from sqlmodel import select
+
+    from shared.db import EnvironmentRow
+
+    with archive.session() as session:
+        rows = list(session.exec(select(EnvironmentRow).where(EnvironmentRow.name == name)))
+    if not rows:
+        raise UsageError(f"no environment called {name!r} in the archive (see: evoenv pool list)")
+    active = [r for r in rows if r.status in {"seed", "admitted"}]
+    return (active or sorted(rows, key=lambda r: r.updated_at))[-1]
+
+
+@app.command("list")
+def list_pool(
+    ctx: typer.Context,
+    every: bool = typer.Option(False, "--all", help="Also rejected, retired and quarantined ones."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per environment."),
+) -> None:
+    """The active pool (seeds and admitted environments) with their difficulties and use."""
+    archive = _archive(ctx.obj)
+    rows = [r for r in archive.environments() if every or r.status in {"seed", "admitted"}]
+    if as_json:
+        for r in rows:
+            out.print(json.dumps(_summary(r)), markup=False)
+        return
+    table = Table(title=f"{len(rows)} environments")
+    for column in (
+        "name",
+        "status",
+        "origin",
+        "serving",
+        "calibration",
+        "uses",
+        "env errors",
+        "sha",
+    ):
+        table.add_column(column)
+    for r in rows:
+        s = _summary(r)
+        table.add_row(
+            s["name"],
+            s["status"],
+            s["origin"],
+            str(s["serving_difficulty"] or "-"),
+            _rate(s["calibration"]),
+            str(s["uses"]),
+            str(s["env_errors"]),
+            s["sha"][:10],
+        )
+    out.print(table)
+
+
+def _summary(row: Any) -> dict[str, Any]:
+    stats = row.stats or {}
+    return {
+        "name": row.name,
+        "sha": row.sha,
+        "status": row.status,
+        "origin": row.origin,
+        "parents": row.parents,
+        "serving_difficulty": stats.get("serving_difficulty"),
+        "calibration": stats.get("calibration"),
+        "uses": stats.get("uses", 0),
+        "env_errors": stats.get("env_errors", 0),
+        "created_at": row.created_at.isoformat(),
+    }
+
+
+def _rate(calibration: Any) -> str:
+    if not isinstance(calibration, dict) or "pass_rate" not in calibration:
+        return "-"
+    return f"{calibration['pass_rate']:.2f} @ {calibration.get('difficulty', '?')}"
+
+
+@app.command("show")
+def show(ctx: typer.Context, name: str = typer.Argument(..., help="Environment name.")) -> None:
+    """Lineage (parents), the validation report and the pass-rate history of one environment."""
+    from sqlmodel import select
+
+    from shared.db import ValidationRow
+
+    archive = _archive(ctx.obj)
+    row = _find(archive, name)
+    with archive.session() as session:
+        reports = list(session.exec(select(ValidationRow).where(ValidationRow.env_sha == row.sha)))
+        parents = [archive.environment(p) for p in row.parents]
+    out.print(
+        json.dumps(
+            {
+                **_summary(row),
+                "parents": [
+                    p.name if p else sha for p, sha in zip(parents, row.parents, strict=True)
+                ],
+                "stats": row.stats,
+            },
+            indent=2,
+            default=str,
+        ),
+        markup=False,
+    )
+    for report in reports[-1:]:
+        from shared.messages import ValidationReport
+
+        print_report(ValidationReport.model_validate(report.report))
+
+
+@app.command("add")
+def add(
+    ctx: typer.Context,
+    files: list[Path] = typer.Argument(
+        ..., help="Environment files.", exists=False, readable=False
+    ),
+    queue: bool = typer.Option(False, "--queue", help="Run the admission as jobs on the cluster."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON report per file."),
+) -> None:
+    """Run the full admission (L1-L5, review, calibration, novelty) and add what passes."""
+    settings: Settings = ctx.obj
+    archive = _archive(settings)
+    blobs = [(path, _read(path)) for path in files]
+    for path, data in blobs:
+        from evoenv_worker.static import check_static
+
+        static = check_static(data, settings.validation.max_source_bytes)
+        clash = archive.by_name(static.name) if static.name else None
+        if clash is not None:
+            raise UsageError(f"{path}: the pool already has an environment called {static.name!r}")
+    stages = ["review", "calibration", "novelty"]
+    if queue:
+        from evoenv_worker.cli.cluster import validate_on_queue
+
+        reports = validate_on_queue(
+            settings, blobs, as_json, True, model_stages=True, add_to_pool=True
+        )
+    else:
+        from evoenv_worker.cli.envs import validate_locally
+
+        reports = validate_locally(settings, blobs, stages, as_json, add_to_pool=True)
+    raise typer.Exit(exit_code(reports))
+
+
+@app.command("export")
+def export(
+    ctx: typer.Context, folder: Path = typer.Argument(..., help="Folder to write into.")
+) -> None:
+    """Write every active environment as NAME.py, plus pool.json with their metadata."""
+    archive = _archive(ctx.obj)
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [r for r in archive.environments() if r.status in {"seed", "admitted"}]
+    for r in rows:
+        (folder / f"{r.name}.py").write_text(r.source, "utf-8")
+    (folder / "pool.json").write_text(json.dumps([_summary(r) for r in rows], indent=2), "utf-8")
+    out.print(f"{len(rows)} environments written to {folder}", markup=False)
+
+
+@app.command("retire")
+def retire(ctx: typer.Context, name: str = typer.Argument(..., help="Environment name.")) -> None:
+    """Retire an admitted environment (seeds cannot be retired)."""
+    from evoenv_learner.pool import Pool
+
+    settings: Settings = ctx.obj
+    archive = _archive(settings)
+    row = _find(archive, name)
+    Pool(archive, settings.pool).retire(row.sha, "retired by hand")
+    out.print(f"{name} retired", markup=False)

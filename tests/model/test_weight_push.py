@@ -1,0 +1,111 @@
+"""Live weight push into the real server: a fine-tune changes what it generates, and back.
+
+The model is fine-tuned in the test (a few AdamW steps on one distinctive sentence), pushed with
+the `ReloadPublisher`, and the server's greedy answer becomes that sentence; pushing the
+original weights brings the original answer back exactly. The policy version goes up at each
+push and every completion reports it (from the server's per-token weight versions).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from evoenv_learner.publisher import PushFailed, ReloadPublisher
+from evoenv_worker.serve import VllmServer
+from shared import policy
+from shared.inference import InferenceClient, Sampling
+
+pytestmark = pytest.mark.slow
+
+PROMPT = [{"role": "user", "content": "Tell me something about the sea."}]
+TARGET = "The purple lighthouse keeper counts 4711 silver whales every Tuesday."
+GREEDY = Sampling(max_tokens=40, temperature=0.0)
+
+
+def fine_tune(folder: Path, prompt_ids: list[int], target_ids: list[int]) -> torch.nn.Module:
+    """A few AdamW steps on the prompt's answer `target_ids`, until the loss is tiny."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-4)
+    ids = torch.tensor([prompt_ids + target_ids])
+    labels = ids.clone()
+    labels[0, : len(prompt_ids)] = -100  # learn the answer only
+    for _ in range(12):
+        loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if loss.item() < 0.02:
+            break
+    return model.eval()
+
+
+def test_push_changes_what_the_server_generates_and_back(
+    vllm_server: VllmServer, small_model: Path, redis_url: str, tmp_path: Path
+) -> None:
+    store = redis.Redis.from_url(redis_url)
+    client = InferenceClient(
+        [vllm_server.url],
+        "smollm2-135m-instruct",
+        version_source=lambda: policy.read_version(store),
+    )
+    publisher = ReloadPublisher([vllm_server.url], store, tmp_path / "push", small_model)
+    try:
+        (original,) = client.chat(PROMPT, GREEDY)
+        assert original.text != TARGET
+
+        tokenizer = AutoTokenizer.from_pretrained(small_model)
+        target_ids = tokenizer(TARGET, add_special_tokens=False).input_ids
+        target_ids.append(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+        tuned = fine_tune(small_model, original.prompt_token_ids, target_ids)
+
+        first = publisher.publish(tuned)
+        (changed,) = client.chat(PROMPT, GREEDY)
+        assert changed.text == TARGET
+        assert changed.token_ids == target_ids
+        assert (changed.policy_version, changed.version_source) == (first, "server")
+
+        base = AutoModelForCausalLM.from_pretrained(small_model, dtype=torch.bfloat16)
+        second = publisher.publish(base)
+        (restored,) = client.chat(PROMPT, GREEDY)
+        assert restored.text == original.text
+        assert restored.token_ids == original.token_ids
+        assert second > first >= 1 and policy.read_version(store) == second
+        assert (restored.policy_version, restored.version_source) == (second, "server")
+    finally:
+        publisher.close()
+        client.close()
+        store.close()
+
+
+def test_a_broken_push_leaves_the_server_serving_the_previous_weights(
+    vllm_server: VllmServer, small_model: Path, redis_url: str, tmp_path: Path
+) -> None:
+    """A truncated weights file fails to load (and breaks a CPU server's model mid-way): the
+    publisher reloads the previous weights, resumes the server and keeps the version."""
+    store = redis.Redis.from_url(redis_url)
+    client = InferenceClient([vllm_server.url], "smollm2-135m-instruct")
+    publisher = ReloadPublisher(
+        [vllm_server.url], store, tmp_path / "push", small_model, attempts=1
+    )
+    try:
+        (before,) = client.chat(PROMPT, GREEDY)
+        broken = tmp_path / "broken"
+        broken.mkdir()
+        data = (small_model / "model.safetensors").read_bytes()
+        (broken / "model.safetensors").write_bytes(data[: len(data) // 2])
+        with pytest.raises(PushFailed):
+            publisher.push_folder(broken, 7)
+        assert policy.read_version(store) == 0
+        (after,) = client.chat(PROMPT, GREEDY)
+        assert after.token_ids == before.token_ids
+    finally:
+        publisher.close()
+        client.close()
+        store.close()

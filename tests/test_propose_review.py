@@ -1,0 +1,85 @@
+"""The generator's code extraction and the reviewer's verdict parsing (no model needed)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from evoenv_worker.propose import Example, choose_examples, extract_code, proposal_messages
+from evoenv_worker.review import parse_verdict, review_messages, summarise
+from shared.messages import Trace
+
+CLASS = "from shared.environment import Environment\n\nclass A(Environment):\n    name = 'a'\n"
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        (f"Here it is:\n```python\n{CLASS}```\nDone.", CLASS),
+        (f"```py\n{CLASS}```", CLASS),
+        (f"```\n{CLASS}```", CLASS),
+        (f"```python\nx = 1\n```\nand the file:\n```python\n{CLASS}```", CLASS),  # the class wins
+        (f"```python\n{CLASS}", CLASS),  # unterminated fence (ran out of tokens)
+        (f"Sure! {CLASS}".replace("Sure! from", "Sure!\nfrom"), CLASS),  # no fence at all
+        ("I cannot help with that.", ""),
+    ],
+)
+def test_extract_code(response: str, expected: str) -> None:
+    assert extract_code(response).strip() == expected.strip()
+
+
+def test_examples_spread_across_kinds() -> None:
+    pool = [Example(f"e{i}", "equality", "", str(i)) for i in range(6)]
+    pool += [Example(f"f{i}", "feasibility", "", f"f{i}") for i in range(2)]
+    chosen = choose_examples(pool, 2, random.Random(0))
+    assert {e.oracle for e in chosen} == {"equality", "feasibility"}
+    assert len(choose_examples(pool, 20, random.Random(0))) == len(pool)
+
+
+def test_proposal_prompt_shows_examples_whole() -> None:
+    examples = [
+        Example("x", "equality", "SOURCE-X", "1"),
+        Example("y", "feasibility", "SOURCE-Y", "2"),
+    ]
+    text = proposal_messages(examples)[-1]["content"]
+    assert "SOURCE-X" in text and "SOURCE-Y" in text and "Environment" in text
+
+
+@pytest.mark.parametrize(
+    ("text", "accept", "readable"),
+    [
+        (
+            '{"data_flow": "ok", "trace": "ok", "algorithm": "ok", "scorer": "ok", "verdict": "accept", "bug": ""}',
+            True,
+            True,
+        ),
+        ('{"verdict": "reject", "bug": "solve ignores the last item"}', False, True),
+        ('Findings...\n```json\n{"verdict": "ACCEPT", "bug": ""}\n```', True, True),
+        ('The verdict: {"verdict": "accept"} trailing words', True, True),
+        ("I think it is fine.", False, False),  # no verdict: a reject
+        ('{"verdict": "maybe"}', False, False),
+        ('{"verdict": "accept"', False, False),  # truncated JSON
+        ("", False, False),
+    ],
+)
+def test_parse_verdict(text: str, accept: bool, readable: bool) -> None:
+    verdict = parse_verdict(text)
+    assert (verdict.accept, verdict.readable) == (accept, readable)
+
+
+def test_any_reject_or_unreadable_review_rejects() -> None:
+    ok = parse_verdict('{"verdict": "accept", "bug": ""}')
+    bad = parse_verdict('{"verdict": "reject", "bug": "off by one"}')
+    unreadable = parse_verdict("no idea")
+    assert summarise([ok, ok, ok])[0]
+    assert not summarise([ok, bad, ok])[0]
+    passes, detail = summarise([ok, ok, unreadable])
+    assert not passes and "could not be read" in detail
+    assert not summarise([])[0]
+
+
+def test_review_prompt_carries_the_traced_instance() -> None:
+    trace = Trace(seed=0, difficulty=5, prompt="PROMPT-TEXT", reference=[1, 2], answer_text="1, 2")
+    text = review_messages("SOURCE", trace)[-1]["content"]
+    assert "PROMPT-TEXT" in text and "[1, 2]" in text and "SOURCE" in text and "verdict" in text

@@ -1,0 +1,161 @@
+"""The run report: every figure is a real, non-blank PNG; the Markdown carries the numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import typer
+from matplotlib.image import imread
+from typer.testing import CliRunner
+
+from evoenv_learner.evaluate import wilson
+from evoenv_learner.report import FIGURES, FUNNEL_STAGES, funnel_buckets, write_report
+from evoenv_worker.cli import report as report_cli
+from shared.config import Settings
+from shared.db import Archive
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+RUN = "paper"
+
+
+def train_values(step: int, funnel: dict[str, int]) -> dict[str, float | int]:
+    """What the learner records at `step`: one candidate judged per step, pushes on even
+    steps (2 s on multiples of 4, else 1 s)."""
+    stage = FUNNEL_STAGES[step % len(FUNNEL_STAGES)]
+    funnel[stage] = funnel.get(stage, 0) + 1
+    values: dict[str, float | int] = {
+        "loss": 0.5 / step,
+        "reward_mean_solver": 0.1 + 0.02 * step,
+        "reward_std_solver": 0.15,
+        "reward_mean_generator": -0.2 + 0.03 * step,
+        "reward_std_generator": 0.3,
+        "tokens_per_second": 1000.0 + 10 * step,
+        "version": step // 2,
+        "pool": 10 + step // 10,
+        "stale_dropped": 0,
+        **{f"funnel_{k}": v for k, v in funnel.items()},
+    }
+    if step % 2 == 0:
+        values["push_seconds"] = 2.0 if step % 4 == 0 else 1.0
+    return values
+
+
+@pytest.fixture
+def archive(tmp_path: Path) -> Archive:
+    archive = Archive(f"sqlite:///{tmp_path / 'archive.db'}")
+    funnel: dict[str, int] = {}
+    for step in range(1, 31):
+        archive.record_metrics(RUN, step, "train", step // 2, train_values(step, funnel))
+    for step, rate in ((10, 0.25), (20, 0.4), (30, 0.6)):
+        low, high = wilson(rate, 16)
+        values = {"pass_rate": rate, "instances": 16, "ci_low": low, "ci_high": high}
+        values |= {"pass_rate_countdown": rate / 2, "pass_rate_sorting": min(1.0, rate * 1.5)}
+        archive.record_metrics(RUN, step, "eval", step // 2, values)
+    for name in ("countdown", "sorting"):
+        archive.add_environment(name, f"# seed {name}\n", status="seed", origin="seed")
+    for i, (status, level) in enumerate(
+        (("admitted", 3), ("admitted", 3), ("admitted", 5), ("retired", 4))
+    ):
+        sha = archive.add_environment(f"gen{i}", f"# generated {i}\n", origin="generated")
+        calibration = {"difficulty": level, "pass_rate": 0.5, "passes": 4, "instances": 8}
+        stats = {"admitted_at": 1.0, "calibration": calibration, "serving_difficulty": level + 1}
+        archive.update_environment(sha, status=status, stats=stats)
+    rejected = archive.add_environment("bad", "# rejected\n", origin="generated")
+    archive.update_environment(rejected, status="rejected", stats={"funnel": "L3"})
+    return archive
+
+
+def assert_real_png(path: Path) -> None:
+    assert path.is_file(), path
+    assert path.read_bytes()[:8] == PNG_SIGNATURE, path
+    image = imread(path)
+    assert image.shape[0] > 300 and image.shape[1] > 600, (path, image.shape)
+    assert np.any(image != image[0, 0]), f"{path} is blank"  # more than one pixel value
+
+
+def test_report_has_every_figure_and_the_headline_numbers(archive: Archive, tmp_path: Path) -> None:
+    folder = tmp_path / "runs" / RUN
+    folder.mkdir(parents=True)
+    (folder / "settings.json").write_text(json.dumps({"run": RUN, "grpo": {"lr": 1e-6}}))
+
+    files = write_report(archive, RUN, folder)
+
+    assert set(files.figures) == set(FIGURES)
+    for path in files.figures.values():
+        assert path.parent == folder
+        assert_real_png(path)
+    text = files.markdown.read_text()
+    for path in files.figures.values():
+        assert f"]({path.name})" in text
+    assert "| optimiser steps recorded | 30 (steps 1–30) |" in text
+    assert "| final policy version | 15 |" in text
+    assert "| solver reward, first 5 → last 5 steps | 0.160 → 0.660 |" in text
+    assert "| generator reward, first 5 → last 5 steps | -0.110 → 0.640 |" in text
+    low, high = wilson(0.25, 16)
+    assert f"0.250 [{low:.3f}, {high:.3f}] at step 10 → 0.600 [" in text
+    assert "| evaluations | 3 |" in text
+    assert "| generated candidates judged (funnel) | 30 |" in text
+    assert "| admitted from the funnel | 3 (10.0 %) |" in text
+    assert "| environments admitted in the archive | 4 (3 still in the pool) |" in text
+    assert "| pool size at the last step | 13 |" in text
+    assert "| mean weight-push latency | 1.467 s over 15 pushes |" in text
+    assert "| mean throughput | 1155.0 tokens/s |" in text
+    assert "| L1 | 3 | 10.0 % |" in text
+    assert "| L2 | 4 | 13.3 % |" in text
+    assert "| `grpo.lr` | `1e-06` |" in text
+
+
+def test_funnel_counts_increments_of_the_cumulative_counters_per_ten_steps(
+    archive: Archive,
+) -> None:
+    stages, buckets = funnel_buckets(archive.metrics(RUN, "train"))
+    assert stages[: len(FUNNEL_STAGES)] == list(FUNNEL_STAGES)
+    assert [sum(b.values()) for b in buckets] == [10, 10, 10]
+    assert sum(b["admitted"] for b in buckets) == 3  # steps 8, 17, 26
+
+
+def test_funnel_counts_again_after_a_counter_reset(tmp_path: Path) -> None:
+    archive = Archive(f"sqlite:///{tmp_path / 'archive.db'}")
+    for step, admitted in ((1, 2), (2, 5), (3, 1), (4, 3)):  # a fresh start after step 2
+        archive.record_metrics(RUN, step, "train", 0, {"funnel_admitted": admitted})
+    _, buckets = funnel_buckets(archive.metrics(RUN, "train"))
+    assert buckets[0]["admitted"] == 5 + 3
+
+
+def test_empty_run_writes_placeholder_figures(tmp_path: Path) -> None:
+    archive = Archive(f"sqlite:///{tmp_path / 'archive.db'}")
+    files = write_report(archive, "never-ran", tmp_path / "out")
+    assert set(files.figures) == set(FIGURES)
+    for path in files.figures.values():
+        assert_real_png(path)
+    text = files.markdown.read_text()
+    assert "0 (no training step recorded yet)" in text
+    assert "No generated candidate judged yet." in text
+    assert "No `settings.json` in the run folder." in text
+
+
+def test_cli_writes_the_report_into_the_run_folders_report_folder(
+    archive: Archive, tmp_path: Path
+) -> None:
+    app = typer.Typer()
+
+    @app.callback()
+    def root(ctx: typer.Context) -> None:
+        ctx.obj = Settings(data_dir=tmp_path, run=RUN)
+
+    report_cli.register(app)
+    result = CliRunner().invoke(app, ["report"])
+    assert result.exit_code == 0, result.output
+    run_dir = tmp_path / "runs" / RUN
+    assert (run_dir / "report" / "report.md").is_file()
+    assert str(run_dir / "report" / "reward.png") in result.output
+
+    elsewhere = tmp_path / "elsewhere"
+    result = CliRunner().invoke(app, ["report", "other-run", "--out", str(elsewhere)])
+    assert result.exit_code == 0, result.output
+    assert (elsewhere / "report.md").is_file()
+    assert "no metrics recorded for run 'other-run'" in result.output
+    assert "runs in the archive: paper" in result.output

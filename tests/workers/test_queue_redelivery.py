@@ -1,0 +1,196 @@
+"""kill -9 in the middle of a job: the job is handed out again and completes, and its side
+effects happen once (one stream entry per group, one archive row per validation job).
+
+Two ways a worker dies: its pool process (the one running the job) is killed, and the worker's
+main process hands the job back at once (`task_reject_on_worker_lost`); or the whole worker is
+killed, and the job waits out the visibility timeout before another worker restores it. Time
+limits are short here so that the timeout is too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from typing import Any
+
+import pytest
+import redis
+from workerkit import (
+    Cluster,
+    Worker,
+    archive_rows,
+    descendants,
+    run_cli,
+    slow_env,
+    solver_job,
+    stream_groups,
+    validate_job,
+    wait_for,
+    wait_gone,
+)
+
+from evoenv_worker import tasks
+from shared import keys
+
+pytestmark = pytest.mark.integration
+
+TIME_LIMIT = 15
+VISIBILITY = 18
+MAX_DELIVERIES = 2
+SLOW = slow_env(solve_rounds=120_000, score_rounds=15_000_000)
+"""Validation takes a few seconds (every `solve` spins); grading one "slow" answer ~1-2 s."""
+QUEUES = [keys.GRADING_QUEUE, keys.VALIDATION_QUEUE]
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_factory: Any) -> Cluster:
+    return cluster_factory(
+        EVOENV_WORKER__VALIDATE_TIME_LIMIT=str(TIME_LIMIT),
+        EVOENV_WORKER__GRADE_TIME_LIMIT=str(TIME_LIMIT),
+        EVOENV_WORKER__COMPLETE_TIME_LIMIT=str(TIME_LIMIT),
+        EVOENV_WORKER__VISIBILITY_TIMEOUT=str(VISIBILITY),
+        EVOENV_SANDBOX__OP_SECONDS="12",
+        EVOENV_WORKER__MAX_DELIVERIES=str(MAX_DELIVERIES),
+    )
+
+
+@pytest.fixture(scope="module")
+def first(cluster: Cluster) -> Worker:
+    return cluster.start_worker(QUEUES, concurrency=2)
+
+
+@pytest.fixture(scope="module")
+def second(cluster: Cluster) -> Worker:
+    return cluster.start_worker(QUEUES, concurrency=2)
+
+
+@pytest.fixture
+def client(cluster: Cluster) -> Any:
+    connection = redis.Redis.from_url(cluster.redis_url)
+    yield connection
+    connection.close()
+
+
+def _slow_jobs(run: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    grade = solver_job(SLOW, ["slow", "slow", "7"], run=run, name="slow_sum", seed=1)
+    validate = validate_job(SLOW, "slow_sum.py")
+    return grade, validate
+
+
+def _running(cluster: Cluster, workers: list[Worker], task_ids: set[str]) -> dict[str, Any]:
+    """task id -> (worker, pool pid) once every task of `task_ids` is running somewhere."""
+    found: dict[str, Any] = {}
+    for worker in workers:
+        for job in cluster.active(worker):
+            if job["id"] in task_ids and job.get("worker_pid"):
+                assert job["worker_pid"] in descendants(worker.pid), "a pool process of it"
+                found[job["id"]] = (worker, job["worker_pid"])
+    return found if set(found) == task_ids else {}
+
+
+def rows_for(cluster: Cluster, job_id: str) -> list[tuple[Any, ...]]:
+    """The archive's validation reports of one job."""
+    return archive_rows(cluster.data_dir, "validation_reports", "WHERE job_id = ?", job_id)
+
+
+def _check_side_effects_once(
+    cluster: Cluster, client: Any, run: str, grade: dict[str, Any], validate: dict[str, Any]
+) -> None:
+    (group,) = stream_groups(cluster.redis_url, run)
+    assert group["group_id"] == grade["group_id"]
+    assert [c["reward"] for c in group["completions"]] == [0.0, 0.0, 0.0]
+    assert len(rows_for(cluster, validate["job_id"])) == 1
+    # The same grade job again: nothing new on the stream.
+    again = tasks.grade.delay(grade).get(timeout=60)
+    assert again["duplicate"] and again["entry"] is None
+    assert len(stream_groups(cluster.redis_url, run)) == 1
+
+
+def test_a_killed_pool_process_has_its_jobs_run_again(
+    cluster: Cluster, first: Worker, second: Worker, client: Any
+) -> None:
+    run = f"pool-kill-{uuid.uuid4().hex[:6]}"
+    grade, validate = _slow_jobs(run)
+    results = [tasks.grade.delay(grade), tasks.validate.delay(validate)]
+    ids = {r.id for r in results}
+    running = wait_for(
+        lambda: _running(cluster, [first, second], ids), 60, "both jobs to start", every=0.2
+    )
+    time.sleep(1.0)  # well inside the sandbox calls
+    for result in results:
+        assert result.state == "STARTED"
+    for _worker, pid in running.values():
+        os.kill(pid, signal.SIGKILL)
+    graded = results[0].get(timeout=90)
+    report = results[1].get(timeout=90)
+    assert graded["entry"] and not graded["duplicate"]
+    assert report["verdict"] == "admitted", report
+    for result in results:
+        assert int(client.get(keys.attempts(result.id))) == 2, "delivered twice"
+        assert not client.hexists(keys.DEAD_LETTERS, result.id)
+    _check_side_effects_once(cluster, client, run, grade, validate)
+    for worker in (first, second):
+        assert worker.proc.poll() is None
+
+
+def test_a_killed_worker_has_its_jobs_run_by_another(
+    cluster: Cluster, first: Worker, second: Worker, client: Any
+) -> None:
+    app = cluster.app
+    survivors = [first.node, second.node]
+    for queue in QUEUES:
+        app.control.cancel_consumer(queue, destination=survivors, reply=True, timeout=5)
+    doomed = cluster.start_worker(QUEUES, concurrency=2)
+    run = f"node-kill-{uuid.uuid4().hex[:6]}"
+    grade, validate = _slow_jobs(run)
+    results = [tasks.grade.delay(grade), tasks.validate.delay(validate)]
+    ids = {r.id for r in results}
+    wait_for(lambda: _running(cluster, [doomed], ids), 60, "both jobs to start", every=0.2)
+    for queue in QUEUES:
+        app.control.add_consumer(queue, destination=[second.node], reply=True, timeout=5)
+    time.sleep(1.0)
+    killed_at = time.monotonic()
+    pids = doomed.kill()
+    assert not wait_gone(pids), "the killed worker left processes behind"
+    graded = results[0].get(timeout=VISIBILITY + 60)
+    report = results[1].get(timeout=VISIBILITY + 60)
+    waited = time.monotonic() - killed_at
+    assert graded["entry"] and report["verdict"] == "admitted"
+    for result in results:
+        assert result.worker == second.node
+        assert int(client.get(keys.attempts(result.id))) == 2
+    _check_side_effects_once(cluster, client, run, grade, validate)
+    assert waited < VISIBILITY + 30
+    for queue in QUEUES:
+        app.control.add_consumer(queue, destination=[first.node], reply=True, timeout=5)
+
+
+def test_a_job_delivered_too_often_lands_in_the_dead_letters(
+    cluster: Cluster, first: Worker, second: Worker, client: Any
+) -> None:
+    job = validate_job(SLOW, "dies_every_time.py")
+    tasks.validate.apply_async(args=[job], task_id=job["job_id"])
+    for delivery in range(1, MAX_DELIVERIES + 1):
+
+        def started(delivery: int = delivery) -> dict[str, Any]:
+            if int(client.get(keys.attempts(job["job_id"])) or 0) < delivery:
+                return {}
+            return _running(cluster, [first, second], {job["job_id"]})
+
+        running = wait_for(started, 60, f"delivery {delivery} to start", every=0.2)
+        time.sleep(0.5)
+        os.kill(running[job["job_id"]][1], signal.SIGKILL)
+    letter = wait_for(lambda: client.hget(keys.DEAD_LETTERS, job["job_id"]), 60, "the dead letter")
+    assert json.loads(letter)["attempts"] == MAX_DELIVERIES + 1
+    assert rows_for(cluster, job["job_id"]) == []
+    env = cluster.worker_env()
+    status = json.loads(run_cli("status", "--json", env=env).stdout)
+    (dead,) = [d for d in status["dead_letters"] if d["task_id"] == job["job_id"]]
+    assert dead["task"] == "evoenv.validate" and "redelivered" in dead["error"]
+    shown = run_cli("job", job["job_id"], "--json", env=env)
+    assert "Traceback" not in shown.stderr, shown.stderr
+    assert shown.returncode == 3, (shown.stdout, shown.stderr)
+    assert "dead-lettered after 3 deliveries" in shown.stderr, shown.stderr

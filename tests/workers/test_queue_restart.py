@@ -1,0 +1,99 @@
+"""Redis restarted (append-only file on) while jobs wait in the queues and no worker runs:
+once it is back, a worker started then runs every one of them.
+
+The Redis here is a private one of the same kind as the session's (`restart()` keeps its data),
+so the session's clients are not left holding dead connections. This process talks to it with
+a bare Celery client that has no result backend (a backend would stay subscribed to the old
+connection); results are read from Redis directly.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from workerkit import REPO, Cluster, solver_job, stream_groups, validate_job, wait_for
+
+from shared import keys
+
+pytestmark = pytest.mark.integration
+
+DOUBLING = (REPO / "tests" / "workers" / "doubling_env.py").read_text()
+
+
+@pytest.fixture
+def server(redis_server: Any, tmp_path: Path) -> Iterator[Any]:
+    """A private redis-server like the session's, with append-only persistence."""
+    private = type(redis_server)(tmp_path / "redis")
+    private.folder.mkdir()
+    private.start()
+    yield private
+    private.stop()
+
+
+def _client_app(url: str) -> Celery:
+    return Celery(
+        "restart-test",
+        broker=url,
+        set_as_current=False,
+        config_source={"task_serializer": "json", "accept_content": ["json"]},
+    )
+
+
+def _depths(client: Any) -> dict[str, int]:
+    return {queue: int(client.llen(queue)) for queue in keys.QUEUES}
+
+
+def _meta(client: Any, task_id: str) -> dict[str, Any] | None:
+    raw = client.get(f"celery-task-meta-{task_id}")
+    return None if raw is None else json.loads(raw)
+
+
+def test_queued_jobs_survive_a_redis_restart(server: Any, tmp_path: Path) -> None:
+    run = f"restart-{uuid.uuid4().hex[:6]}"
+    grades = [solver_job(DOUBLING, ["2", str(seed)], run=run, seed=seed) for seed in range(6)]
+    checks = [validate_job(DOUBLING, f"doubling-{i}.py") for i in range(3)]
+    sender = _client_app(server.url)
+    ids = [
+        sender.send_task("evoenv.grade", args=[job], queue=keys.GRADING_QUEUE).id for job in grades
+    ]
+    for job in checks:
+        sender.send_task(
+            "evoenv.validate", args=[job], queue=keys.VALIDATION_QUEUE, task_id=job["job_id"]
+        )
+        ids.append(job["job_id"])
+    sender.close()
+    client = redis.Redis.from_url(server.url)
+    before = _depths(client)
+    assert before == {keys.GENERATION_QUEUE: 0, keys.GRADING_QUEUE: 6, keys.VALIDATION_QUEUE: 3}
+    client.close()
+
+    server.restart()
+    client = redis.Redis.from_url(server.url)
+    try:
+        assert _depths(client) == before, "the queues came back from the append-only file"
+        cluster = Cluster(server.url, tmp_path, _client_app(server.url), {})
+        try:
+            cluster.start_worker([keys.GRADING_QUEUE, keys.VALIDATION_QUEUE], concurrency=2)
+
+            def done() -> bool:
+                return all((_meta(client, i) or {}).get("status") == "SUCCESS" for i in ids)
+
+            wait_for(done, 120, "every queued job to run", 0.5)
+        finally:
+            cluster.stop()
+            cluster.app.close()
+        groups = stream_groups(server.url, run)
+        assert sorted(g["group_id"] for g in groups) == sorted(j["group_id"] for j in grades)
+        for job in checks:
+            meta = _meta(client, job["job_id"])
+            assert meta is not None and meta["result"]["verdict"] == "admitted"
+        assert _depths(client) == dict.fromkeys(keys.QUEUES, 0)
+    finally:
+        client.close()
