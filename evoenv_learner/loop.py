@@ -32,6 +32,7 @@ from evoenv_learner.orchestrator import Orchestrator
 from evoenv_learner.pool import Pool, seed_pool
 from shared.config import Settings
 from shared.db import Archive
+from shared.errors import ServiceUnavailable
 from shared.messages import GradedGroup
 from shared.policy import read_version
 
@@ -50,7 +51,7 @@ class LearnerState:
 
 async def run(settings: Settings, *, resume: bool = False, on_step: Any = None) -> LearnerState:
     """Run the learner until `learner.steps` steps are done (0: until stopped)."""
-    from evoenv_learner.publisher import ReloadPublisher
+    from evoenv_learner.publisher import PushFailed, ReloadPublisher
     from evoenv_learner.trainer import Trainer, latest_checkpoint
     from evoenv_worker.app import configure
     from evoenv_worker.models import prepare_model
@@ -147,6 +148,7 @@ async def run(settings: Settings, *, resume: bool = False, on_step: Any = None) 
 
     async def train() -> None:
         last_checkpoint = state.step
+        push_owed = False
         try:
             while not stop.is_set() and (
                 not settings.learner.steps or state.step < settings.learner.steps
@@ -160,10 +162,17 @@ async def run(settings: Settings, *, resume: bool = False, on_step: Any = None) 
                     continue
                 state.step = trainer.step_count
                 values = step_metrics.as_dict()
-                if state.step % settings.learner.push_every == 0:
+                values["groups_trained"] = [g.group_id for g in batch]
+                if state.step % settings.learner.push_every == 0 or push_owed:
                     started = time.perf_counter()
-                    state.version = await asyncio.to_thread(publisher.publish, trainer.model)
-                    values["push_seconds"] = round(time.perf_counter() - started, 3)
+                    try:
+                        state.version = await asyncio.to_thread(publisher.publish, trainer.model)
+                        values["push_seconds"] = round(time.perf_counter() - started, 3)
+                        push_owed = False
+                    except (PushFailed, ServiceUnavailable) as exc:
+                        # A server down (being restarted): train on, push again next step.
+                        log.error("push_failed_will_retry", step=state.step, error=str(exc)[:500])
+                        push_owed = True
                 values.update(
                     version=state.version,
                     zero_variance_skipped=state.skipped_groups,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ class Orchestrator:
     """Per environment: the highest difficulty whose prompt fits the prompt budget."""
     sent: dict[str, int] = field(default_factory=lambda: {"solver": 0, "generator": 0})
     _info: dict[str, EnvInfo] = field(default_factory=dict)
+    _sent_at: dict[str, float] = field(default_factory=dict)
 
     async def run(self, stop: asyncio.Event) -> None:
         from evoenv_worker import tasks
@@ -87,9 +89,20 @@ class Orchestrator:
     # ---------------------------------------------------------------------------- solver
 
     def _reap(self) -> None:
+        patience = (
+            self.settings.worker.complete_time_limit + 2 * self.settings.worker.grade_time_limit
+        )
+        now = time.monotonic()
         for group_id, result in list(self.solver_in_flight.items()):
-            if result.ready():
+            if now - self._sent_at.get(group_id, now) > patience:
+                # Its job is waiting for redelivery (a worker died): stop counting it as in
+                # flight; if it completes later it still lands in the stream, once.
                 del self.solver_in_flight[group_id]
+                self._sent_at.pop(group_id, None)
+                log.warning("solver_group_overdue", group_id=group_id, seconds=round(patience))
+            elif result.ready():
+                del self.solver_in_flight[group_id]
+                self._sent_at.pop(group_id, None)
                 if result.failed():
                     log.warning(
                         "solver_group_failed", group_id=group_id, error=str(result.result)[:300]
@@ -145,6 +158,7 @@ class Orchestrator:
         payload = job.model_dump(mode="json")
         result = chain(tasks.sample.s(payload), tasks.complete.s(), tasks.grade.s()).apply_async()
         self.solver_in_flight[job.group_id] = result
+        self._sent_at[job.group_id] = time.monotonic()
         self.pool.record_use(job.env.sha)
         self.sent["solver"] += 1
 

@@ -21,38 +21,27 @@ from __future__ import annotations
 import json
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from evoenv_worker.grade import grade_op, grade_op_seconds, read_grades
-from evoenv_worker.review import VERDICT_SCHEMA, parse_verdict, review_messages, summarise
 from shared import keys
 from shared.config import Settings
 from shared.db import source_sha
-from shared.environment import TRAIN_SEEDS, build_prompt, extract_answer
+from shared.environment import TRAIN_SEEDS, build_prompt
 from shared.groups import GroupTracker
-from shared.inference import InferenceClient, Sampling
 from shared.messages import (
     MODEL_STAGES,
-    CandidateRef,
     EnvRef,
-    GradedCompletion,
-    GradedGroup,
-    ProposalJob,
     StageJob,
     StageReport,
     Trace,
     ValidateJob,
     ValidationReport,
 )
-from shared.rewards import generator_reward, mean_pairwise_similarity
-from shared.rollouts import append_group
 
 if TYPE_CHECKING:
     from evoenv_worker.context import WorkerContext
-    from evoenv_worker.sandbox.host import Sandbox
 
 log = structlog.get_logger(__name__)
 
@@ -84,49 +73,6 @@ def after_mechanical(
             return stage_job
     conclude(ctx, job, report)
     return None
-
-
-def propose(ctx: WorkerContext, job: ProposalJob) -> list[ValidateJob]:
-    """Sample G candidates; open their generation group; one validation job per candidate."""
-    from evoenv_worker.generate import record
-    from evoenv_worker.propose import extract_code
-
-    sampling = Sampling(n=job.group_size, temperature=job.temperature, max_tokens=job.max_tokens)
-    completions = [record(c) for c in ctx.inference().chat(job.messages, sampling)]
-    prompt = "\n\n".join(m["content"] for m in job.messages)
-    open_group(
-        ctx,
-        job.run,
-        job.group_id,
-        len(completions),
-        {
-            "prompt": prompt,
-            "parents": job.parents,
-            "run": job.run,
-            "completions": [c.model_dump(mode="json") for c in completions],
-        },
-    )
-    jobs = []
-    for index, completion in enumerate(completions):
-        ref = CandidateRef(
-            run=job.run,
-            group_id=job.group_id,
-            index=index,
-            prompt=prompt,
-            completion=completion,
-            parents=job.parents,
-        )
-        jobs.append(
-            ValidateJob(
-                job_id=f"{job.group_id}-{index}",
-                file=f"candidate_{job.group_id}_{index}.py",
-                source=extract_code(completion.text),
-                adhoc=False,
-                model_stages=True,
-                candidate=ref,
-            )
-        )
-    return jobs
 
 
 def begin(ctx: WorkerContext, job: ValidateJob, report: ValidationReport) -> StageJob | None:
@@ -184,184 +130,6 @@ def stage_job_for(ctx: WorkerContext, job: ValidateJob) -> StageJob | None:
     )
 
 
-# ------------------------------------------------------------------------------ the stages
-
-
-def review_stage(client: InferenceClient, job: StageJob, settings: Settings) -> StageReport:
-    """K reviews with a structured verdict; any reject (or unreadable verdict) rejects."""
-    started = time.perf_counter()
-    a = settings.admission
-    sampling = Sampling(
-        n=a.reviews,
-        temperature=a.review_temperature,
-        max_tokens=a.review_max_tokens,
-        json_schema=VERDICT_SCHEMA,
-    )
-    completions = client.chat(review_messages(job.env.source, job.trace), sampling)  # the reviewer
-    verdicts = [parse_verdict(c.text) for c in completions]
-    ok, detail = summarise(verdicts)
-    data = {
-        "verdicts": [{"accept": v.accept, "readable": v.readable, "bug": v.bug} for v in verdicts]
-    }
-    return StageReport(
-        stage="review",
-        ok=ok,
-        seconds=round(time.perf_counter() - started, 3),
-        detail=detail,
-        data=data,
-    )
-
-
-def calibration_sample(sandbox: Sandbox, job: StageJob) -> StageJob:
-    """The m fresh instances' prompts at the calibration difficulty."""
-    ops = [{"op": "instance", "seed": seed, "difficulty": job.difficulty} for seed in job.seeds]
-    results = sandbox.run(job.env.source, ops, filename=f"{job.env.name}.py")
-    failed = next((r for r in results if not r.ok), None)
-    if failed is not None:
-        return job.model_copy(update={"error": f"sampling failed: {failed.reason}"})
-    return job.model_copy(update={"prompts": [build_prompt(r.value["prompt"]) for r in results]})
-
-
-def calibration_complete(client: InferenceClient, job: StageJob, settings: Settings) -> StageJob:
-    """One answer per instance from the current solver, at its training temperature."""
-    from evoenv_worker.generate import record
-
-    if job.error:
-        return job
-    sampling = Sampling(
-        n=1, temperature=settings.grpo.temperature, max_tokens=settings.grpo.max_tokens
-    )
-    with ThreadPoolExecutor(max_workers=min(8, len(job.prompts) or 1)) as pool:
-        answers = list(
-            pool.map(
-                lambda p: client.chat([{"role": "user", "content": p}], sampling)[0], job.prompts
-            )
-        )
-    return job.model_copy(update={"completions": [record(c) for c in answers]})
-
-
-def calibration_stage(sandbox: Sandbox, job: StageJob, settings: Settings) -> StageReport:
-    """Pass rate a of the solver (a pass is a score of exactly 1.0); admitted if 0 < a < 1."""
-    started = time.perf_counter()
-    if job.error:
-        return StageReport(stage="calibration", ok=False, seconds=0.0, detail=job.error)
-    cap = settings.validation.answer_cap
-    answers = [extract_answer(completion.text, cap).answer for completion in job.completions]
-    ops = [
-        grade_op(seed, job.difficulty, [answer])
-        for seed, answer in zip(job.seeds, answers, strict=True)
-    ]
-    results = sandbox.run(
-        job.env.source,
-        ops,
-        filename=f"{job.env.name}.py",
-        op_seconds=grade_op_seconds(settings, 1),
-    )
-    passes = errors = 0
-    for answer, result in zip(answers, results, strict=True):
-        if answer is None:
-            continue  # format error: a fail
-        grades, _ = read_grades(result, [answer])
-        grade = grades[0] if grades else None
-        if grade is None or grade.reward is None:
-            errors += 1
-        elif grade.reward == 1.0:
-            passes += 1
-    m = len(job.completions)
-    rate = passes / m if m else 0.0
-    data = {
-        "pass_rate": rate,
-        "passes": passes,
-        "instances": m,
-        "difficulty": job.difficulty,
-        "env_errors": errors,
-    }
-    seconds = round(time.perf_counter() - started, 3)
-    if errors:
-        return StageReport(
-            stage="calibration",
-            ok=False,
-            seconds=seconds,
-            data=data,
-            detail=f"the scorer failed on {errors} of {m} solver answers",
-        )
-    ok = 0 < passes < m
-    verdict = (
-        "within (0, 1)"
-        if ok
-        else ("always solved: too easy" if passes == m else "never solved: too hard")
-    )
-    return StageReport(
-        stage="calibration",
-        ok=ok,
-        seconds=seconds,
-        data=data,
-        detail=f"pass rate {passes}/{m} at difficulty {job.difficulty}: {verdict}",
-    )
-
-
-def pool_embeddings(ctx: WorkerContext, exclude_sha: str) -> list[tuple[str, Any]]:
-    """(name, embedding) of every active pool member; missing ones are computed and stored."""
-    from evoenv_worker.novelty import EnvEmbedding
-
-    archive, embedder = ctx.archive(), ctx.embedder()
-    out: list[tuple[str, Any]] = []
-    for row in archive.environments("seed") + archive.environments("admitted"):
-        if row.sha == exclude_sha:
-            continue  # the same file is not a copy of itself
-        embedding = EnvEmbedding.from_json(row.embedding)
-        if embedding is None:
-            prompt = _trace_prompt(ctx.sandbox(), row.source, row.name)
-            if prompt is None:
-                continue
-            embedding = embedder.embed_environment(row.source, prompt)
-            archive.update_environment(row.sha, embedding=embedding.to_json())
-        out.append((row.name, embedding))
-    return out
-
-
-def _trace_prompt(sandbox: Sandbox, source: str, name: str) -> str | None:
-    """The rendered prompt at seed 0 and the middle difficulty (what novelty compares)."""
-    (meta,) = sandbox.run(source, [{"op": "describe"}], filename=f"{name}.py")
-    if not meta.ok:
-        return None
-    middle = (int(meta.value["min_difficulty"]) + int(meta.value["max_difficulty"])) // 2
-    (result,) = sandbox.run(
-        source, [{"op": "instance", "seed": 0, "difficulty": middle}], filename=f"{name}.py"
-    )
-    return build_prompt(result.value["prompt"]) if result.ok else None
-
-
-def novelty_stage(ctx: WorkerContext, job: StageJob) -> StageReport:
-    """Similarity to the nearest pool member (the in-group comparison of generated candidates
-    happens when their group completes)."""
-    from evoenv_worker.novelty import novelty
-
-    started = time.perf_counter()
-    a = ctx.settings.admission
-    embedding = ctx.embedder().embed_environment(job.env.source, job.trace.prompt)
-    members = pool_embeddings(ctx, job.env.sha)
-    result = novelty(
-        embedding, [e for _, e in members], (), a.novelty_gate, a.novelty_prompt_weight
-    )
-    nearest = members[result.index][0] if result.index is not None else None
-    detail = (
-        f"max similarity {result.similarity:.3f} to {nearest or 'nothing'} "
-        f"({'below' if result.passes else 'at or above'} the gate {a.novelty_gate})"
-    )
-    return StageReport(
-        stage="novelty",
-        ok=result.passes,
-        seconds=round(time.perf_counter() - started, 3),
-        detail=detail,
-        data={
-            "similarity": result.similarity,
-            "nearest": nearest,
-            "embedding": embedding.to_json(),
-        },
-    )
-
-
 # ------------------------------------------------------------------------------ finishing
 
 
@@ -414,6 +182,13 @@ def run_locally(
     ctx: WorkerContext, job: ValidateJob, mechanical: ValidationReport, wanted: list[str]
 ) -> ValidationReport:
     """The model stages in this process, one after the other (`evoenv validate --all`)."""
+    from evoenv_worker.model_stages import (
+        calibration_complete,
+        calibration_sample,
+        calibration_stage,
+        novelty_stage,
+        review_stage,
+    )
     from shared.errors import EvoEnvError
 
     stage_job = stage_job_for(ctx, job)
@@ -454,13 +229,15 @@ def conclude(ctx: WorkerContext, job: ValidateJob, report: ValidationReport) -> 
     if job.add_to_pool and report.verdict == "admitted" and report.name:
         archive.add_environment(report.name, job.source, status="candidate", origin="user")
         archive.update_environment(
-            sha, status="admitted", stats=_admission_stats(report), embedding=_embedding_of(report)
+            sha, status="admitted", stats=admission_stats(report), embedding=embedding_of(report)
         )
         log.info("env_admitted", env=report.name, env_sha=sha, origin="user")
     if job.candidate is not None:
         member = {"report": report.model_dump(mode="json"), "sha": sha, "source": job.source}
         tracker = GroupTracker(client, job.candidate.run)
         if tracker.finish(generation_key(job.candidate.group_id), str(job.candidate.index), member):
+            from evoenv_worker.generation import finalize_group
+
             finalize_group(ctx, job.candidate.run, job.candidate.group_id)
     return public
 
@@ -473,14 +250,14 @@ def _without_embedding(stage: StageReport) -> StageReport:
     )
 
 
-def _embedding_of(report: ValidationReport) -> dict[str, Any] | None:
+def embedding_of(report: ValidationReport) -> dict[str, Any] | None:
     for stage in report.stages:
         if stage.stage == "novelty" and isinstance(stage.data.get("embedding"), dict):
             return dict(stage.data["embedding"])
     return None
 
 
-def _admission_stats(report: ValidationReport) -> dict[str, Any]:
+def admission_stats(report: ValidationReport) -> dict[str, Any]:
     stats: dict[str, Any] = {"admitted_at": time.time()}
     for stage in report.stages:
         if stage.stage == "calibration":
@@ -490,163 +267,6 @@ def _admission_stats(report: ValidationReport) -> dict[str, Any]:
         elif stage.stage == "novelty":
             stats["novelty"] = {k: v for k, v in stage.data.items() if k != "embedding"}
     return stats
-
-
-# ------------------------------------------------------------------------------ generation
-
-
-def open_group(
-    ctx: WorkerContext, run: str, group_id: str, size: int, meta: dict[str, Any]
-) -> None:
-    """A generation group of `size` candidates; `meta` (prompt, parents) is kept with it."""
-    client = ctx.redis()
-    client.set(keys.candidate(run, generation_key(group_id)), json.dumps(meta), ex=KEEP_SECONDS)
-    GroupTracker(client, run).open(
-        generation_key(group_id),
-        [str(i) for i in range(size)],
-        ctx.settings.admission.group_deadline,
-    )
-
-
-def finalize_group(ctx: WorkerContext, run: str, group_id: str) -> GradedGroup:
-    """Every candidate of a generation group is done: in-group novelty in candidate order,
-    gamma, the rewards, the archive, and one generator group on the rollout stream."""
-    from evoenv_worker.novelty import EnvEmbedding, similarity
-
-    settings, client = ctx.settings, ctx.redis()
-    a = settings.admission
-    meta = json.loads(client.get(keys.candidate(run, generation_key(group_id))) or "{}")
-    members = GroupTracker(client, run).results(generation_key(group_id))
-    ordered = sorted(members.items(), key=lambda item: int(item[0]))
-    earlier: list[EnvEmbedding] = []
-    rows: list[dict[str, Any]] = []
-    for _, member in ordered:
-        report = (
-            ValidationReport.model_validate(member["report"])
-            if member and "report" in member
-            else None
-        )
-        stages = {s.stage: s for s in report.stages} if report else {}
-        embedding = EnvEmbedding.from_json(_embedding_of(report)) if report else None
-        in_group = (
-            max((similarity(embedding, e, a.novelty_prompt_weight) for e in earlier), default=0.0)
-            if embedding
-            else 0.0
-        )
-        if embedding is not None:
-            earlier.append(embedding)
-        pool_similarity = stages["novelty"].data.get("similarity") if "novelty" in stages else None
-        s = None if pool_similarity is None else max(float(pool_similarity), in_group)
-        failed = report.failed_stage if report else "error"
-        if report is not None and report.verdict == "error":
-            failed = "error"  # the check could not run: no reward either way
-        if failed is None and s is not None and s >= a.novelty_gate:
-            failed = "novelty"
-        rate = stages["calibration"].data.get("pass_rate") if "calibration" in stages else None
-        rows.append(
-            {
-                "member": member or {},
-                "report": report,
-                "failed": failed,
-                "similarity": s,
-                "pass_rate": rate,
-                "embedding": embedding,
-            }
-        )
-    gamma = _gamma(
-        client, run, [r["embedding"] for r in rows if r["embedding"] is not None], settings
-    )
-    completions: list[GradedCompletion] = []
-    for index, row in enumerate(rows):
-        completion = meta.get("completions", [{"text": ""}] * len(rows))[index]
-        if row["failed"] == "error":
-            completions.append(
-                GradedCompletion(
-                    **completion,
-                    reward=None,
-                    outcome="env_error",
-                    detail="the admission check could not run",
-                )
-            )
-            continue
-        parts = generator_reward(row["failed"], row["pass_rate"], row["similarity"], gamma, a)
-        _record_candidate(ctx, row, meta, parts.model_dump())
-        completions.append(
-            GradedCompletion(
-                **completion,
-                reward=parts.total,
-                outcome="scored",
-                detail=row["failed"] or "admitted",
-            )
-        )
-    versions = [c.policy_version for c in completions]
-    group = GradedGroup(
-        run=run,
-        group_id=group_id,
-        role="generator",
-        env_name="(generator)",
-        env_sha="",
-        seed=0,
-        difficulty=0,
-        prompt=str(meta.get("prompt", "")),
-        policy_version=min(versions, default=0),
-        completions=completions,
-        data={
-            "funnel": [r["failed"] or "admitted" for r in rows],
-            "gamma": gamma,
-            "parents": meta.get("parents", []),
-        },
-    )
-    append_group(client, group)
-    log.info(
-        "generation_group_done",
-        group_id=group_id,
-        funnel=group.data["funnel"],
-        rewards=[c.reward for c in completions],
-    )
-    return group
-
-
-def _gamma(client: Any, run: str, embeddings: list[Any], settings: Settings) -> float:
-    """gamma from the mean in-group similarity of the last few generation groups."""
-    from evoenv_worker.novelty import similarity
-    from shared.rewards import gamma_for
-
-    a = settings.admission
-    matrix = [[similarity(x, y, a.novelty_prompt_weight) for y in embeddings] for x in embeddings]
-    mean = mean_pairwise_similarity(matrix)
-    key = keys.repetition(run)
-    if mean is not None:
-        client.lpush(key, mean)
-        client.ltrim(key, 0, a.repetition_window - 1)
-    values = [float(v) for v in client.lrange(key, 0, -1)]
-    return gamma_for(sum(values) / len(values) if values else None, a)
-
-
-def _record_candidate(
-    ctx: WorkerContext, row: dict[str, Any], meta: dict[str, Any], reward: dict[str, Any]
-) -> None:
-    """The candidate in the archive: admitted only if every stage passed, with its lineage."""
-    report: ValidationReport | None = row["report"]
-    sha = row["member"].get("sha")
-    if report is None or not sha or not report.name:
-        return
-    archive = ctx.archive()
-    source = str(row["member"].get("source") or "")
-    archive.add_environment(
-        report.name, source, status="candidate", origin="generated", parents=meta.get("parents", [])
-    )
-    clash = archive.by_name(report.name)
-    admitted = row["failed"] is None and (clash is None or clash.sha == sha)
-    stats = {**_admission_stats(report), "reward": reward, "funnel": row["failed"] or "admitted"}
-    if row["failed"] is None and not admitted:
-        stats["funnel"] = "name clash"
-    archive.update_environment(
-        sha,
-        status="admitted" if admitted else "rejected",
-        stats=stats,
-        embedding=row["embedding"].to_json() if row["embedding"] else None,
-    )
 
 
 STAGE_OF_TASK = {

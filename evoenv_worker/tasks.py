@@ -176,7 +176,7 @@ def complete(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
 @app.task(name="evoenv.propose", base=JobTask, bind=True)
 def propose(self: JobTask, payload: dict[str, Any]) -> list[str]:
     """Sample a generation group's candidates and send each to validation (model stages on)."""
-    from evoenv_worker.admission import propose as propose_candidates
+    from evoenv_worker.generation import propose as propose_candidates
 
     job = self.decode(ProposalJob, payload)
     jobs = propose_candidates(context.current(), job)
@@ -188,7 +188,8 @@ def propose(self: JobTask, payload: dict[str, Any]) -> list[str]:
 @app.task(name="evoenv.review", base=JobTask, bind=True)
 def review(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
     """K semantic self-reviews of a candidate (generation queue)."""
-    from evoenv_worker.admission import finish_stage, review_stage
+    from evoenv_worker.admission import finish_stage
+    from evoenv_worker.model_stages import review_stage
 
     job = self.decode(StageJob, payload)
     ctx = context.current()
@@ -200,7 +201,7 @@ def review(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
 @app.task(name="evoenv.calibrate_sample", base=JobTask, bind=True)
 def calibrate_sample(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
     """Calibration, step 1: the m instances' prompts, in the sandbox (grading queue)."""
-    from evoenv_worker.admission import calibration_sample
+    from evoenv_worker.model_stages import calibration_sample
 
     job = self.decode(StageJob, payload)
     return calibration_sample(context.current().sandbox(), job).model_dump(mode="json")
@@ -209,7 +210,7 @@ def calibrate_sample(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
 @app.task(name="evoenv.calibrate_complete", base=JobTask, bind=True)
 def calibrate_complete(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
     """Calibration, step 2: one solver answer per instance (generation queue)."""
-    from evoenv_worker.admission import calibration_complete
+    from evoenv_worker.model_stages import calibration_complete
 
     job = self.decode(StageJob, payload)
     ctx = context.current()
@@ -219,7 +220,8 @@ def calibrate_complete(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]
 @app.task(name="evoenv.calibrate_grade", base=JobTask, bind=True)
 def calibrate_grade(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
     """Calibration, step 3: grade the answers; the pass rate decides (grading queue)."""
-    from evoenv_worker.admission import calibration_stage, finish_stage
+    from evoenv_worker.admission import finish_stage
+    from evoenv_worker.model_stages import calibration_stage
 
     job = self.decode(StageJob, payload)
     ctx = context.current()
@@ -231,7 +233,8 @@ def calibrate_grade(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
 @app.task(name="evoenv.novelty", base=JobTask, bind=True)
 def novelty(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
     """Embeddings and similarity to the pool (validation queue: CPU)."""
-    from evoenv_worker.admission import finish_stage, novelty_stage
+    from evoenv_worker.admission import finish_stage
+    from evoenv_worker.model_stages import novelty_stage
 
     job = self.decode(StageJob, payload)
     ctx = context.current()

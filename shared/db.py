@@ -275,17 +275,26 @@ class Archive:
     def record_metrics(
         self, run: str, step: int, kind: str, version: int, values: dict[str, Any]
     ) -> None:
-        """One row of metrics per (run, step, kind); a repeated step overwrites nothing."""
+        """One row of metrics per (run, step, kind): a step trained again after a resume from an
+        earlier checkpoint replaces the row of the attempt that was lost."""
+        now = utcnow()
         row = {
             "run": run,
             "step": step,
             "kind": kind,
             "version": version,
             "values": values,
-            "created_at": utcnow(),
+            "created_at": now,
         }
         with self.session() as session:
-            _insert_ignore(session, MetricRow, [row])
+            dialect = session.get_bind().dialect.name
+            insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+            statement = insert(MetricRow).values([row])  # type: ignore[arg-type]
+            statement = statement.on_conflict_do_update(
+                index_elements=["run", "step", "kind"],
+                set_={"version": version, "values": values, "created_at": now},
+            )
+            session.execute(statement)
             session.commit()
 
     def metrics(self, run: str, kind: str | None = None) -> list[MetricRow]:

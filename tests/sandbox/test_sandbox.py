@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import structlog.testing
 
-from evoenv_worker.admission import calibration_stage
 from evoenv_worker.grade import grade_group, grade_op_seconds
+from evoenv_worker.model_stages import calibration_stage
 from evoenv_worker.sandbox import confine, host, launch
 from evoenv_worker.sandbox.host import Sandbox
 from shared.config import SandboxSettings, Settings

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Start the learner (orchestrator, GRPO trainer, weight publisher) in the foreground, resuming
+# from the run's last checkpoint if there is one. Options go to `evoenv learner`
+# (--steps N). SIGTERM or Ctrl-C stops it cleanly: checkpoint written, nothing lost.
+#
+# Settings (environment, then deploy/evoenv.env or $EVOENV_ENV_FILE; see deploy/env.sh):
+#   EVOENV_REDIS_URL, EVOENV_DATABASE_URL   the shared Redis and archive
+#   EVOENV_VLLM_URLS                        every vLLM server to push weights to
+#   EVOENV_MODEL, EVOENV_DATA_DIR, EVOENV_RUN
+#   EVOENV_GRPO__*, EVOENV_LEARNER__*       the objective, batch, staleness, checkpoints, pushes
+# One training device (GPU when present, else CPU); multi-GPU training is not wired yet.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+exec "$EVOENV" learner --resume "$@"
