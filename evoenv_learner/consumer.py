@@ -52,6 +52,7 @@ class RolloutConsumer:
     """Ids consumed (trained, dropped or malformed) since the last checkpoint."""
     _seen: set[str] = field(default_factory=set)
     _backlog_done: bool = False
+    _backlog_cursor: str = "0"
 
     @property
     def stream(self) -> str:
@@ -72,9 +73,12 @@ class RolloutConsumer:
         """Up to `count` fresh groups: own pending first (after a restart), then reclaimed
         ones, then new ones (blocking up to `block_ms`)."""
         entries: list[tuple[str, dict[bytes, bytes]]] = []
-        if not self._backlog_done:
-            entries += await self._xread("0", count, None)
-            self._backlog_done = len(entries) < count
+        if not self._backlog_done:  # own pending entries (after a restart), oldest first
+            backlog = await self._xread(self._backlog_cursor, count, None)
+            if backlog:
+                self._backlog_cursor = backlog[-1][0]
+            self._backlog_done = len(backlog) < count
+            entries += backlog
         if len(entries) < count:
             entries += await self._reclaim(count - len(entries))
         if len(entries) < count:
@@ -93,15 +97,17 @@ class RolloutConsumer:
         return out
 
     async def _reclaim(self, count: int) -> list[tuple[str, dict[bytes, bytes]]]:
-        reply = await self.client.xautoclaim(
-            self.stream,
-            GROUP,
-            self.consumer,
-            min_idle_time=self.claim_idle_ms,
-            start_id="0-0",
-            count=count,
+        """Entries another (dead) consumer read and left pending for `claim_idle_ms`. This
+        consumer's own pending entries are waiting for a checkpoint: never re-read them."""
+        pending = await self.client.xpending_range(
+            self.stream, GROUP, min="-", max="+", count=max(count * 4, 64), idle=self.claim_idle_ms
         )
-        messages = reply[1] if reply else []
+        ids = [p["message_id"] for p in pending if _id(p["consumer"]) != self.consumer][:count]
+        if not ids:
+            return []
+        messages = await self.client.xclaim(
+            self.stream, GROUP, self.consumer, min_idle_time=self.claim_idle_ms, message_ids=ids
+        )
         claimed = [(_id(eid), fields) for eid, fields in messages if fields]
         if claimed:
             self.stats.reclaimed += len(claimed)

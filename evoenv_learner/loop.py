@@ -91,6 +91,7 @@ async def run(settings: Settings, *, resume: bool = False, on_step: Any = None) 
     await consumer.start(list(extra.get("unacked", [])))
     rng = random.Random(extra.get("orchestrator_seed", time.time_ns()))
     orchestrator = Orchestrator(settings, pool, consumer.backlog, rng=rng)
+    orchestrator.levels.update({str(k): int(v) for k, v in extra.get("levels", {}).items()})
     metrics = MetricsSink(settings, archive, run_dir / "tensorboard")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -114,6 +115,7 @@ async def run(settings: Settings, *, resume: bool = False, on_step: Any = None) 
             "unacked": ids,
             "funnel": state.funnel,
             "orchestrator_seed": rng.random(),
+            "levels": orchestrator.levels,
         }
         await asyncio.to_thread(
             trainer.save_checkpoint,
@@ -137,6 +139,13 @@ async def run(settings: Settings, *, resume: bool = False, on_step: Any = None) 
                     continue
                 else:
                     await asyncio.to_thread(_record_gradings, pool, group)
+                    scored = [c for c in group.completions if c.reward is not None]
+                    orchestrator.record_outcome(
+                        group.env_sha,
+                        group.difficulty,
+                        sum(c.reward == 1.0 for c in scored),
+                        len(scored),
+                    )
                 rewards = [c.reward for c in group.completions]
                 if group_advantages(rewards, group.role, settings.grpo) is None:
                     state.skipped_groups += 1  # no reward variance: nothing to learn from

@@ -33,6 +33,10 @@ from shared.messages import ProposalJob, SolverJob
 log = structlog.get_logger(__name__)
 
 EXAMPLES_PER_PROPOSAL = 2
+LEVEL_WINDOW = 4
+"""Solver groups observed at a level before it may move."""
+LEVEL_BAND = 0.25
+"""How far the pass rate may stray from the target before the level moves."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +60,9 @@ class Orchestrator:
     sent: dict[str, int] = field(default_factory=lambda: {"solver": 0, "generator": 0})
     _info: dict[str, EnvInfo] = field(default_factory=dict)
     _sent_at: dict[str, float] = field(default_factory=dict)
+    levels: dict[str, int] = field(default_factory=dict)
+    """Per environment: the difficulty solver groups are served at now."""
+    _outcomes: dict[str, list[float]] = field(default_factory=dict)
 
     async def run(self, stop: asyncio.Event) -> None:
         from evoenv_worker import tasks
@@ -109,12 +116,15 @@ class Orchestrator:
                     )
 
     def _choose(self) -> PoolEntry:
+        """The pool's draw (seed floor, rotation); with `learner.environments` set, uniformly
+        among those (the seed floor then does not apply)."""
         wanted = set(self.settings.learner.environments)
-        for _ in range(100):
-            entry = self.pool.choose(self.rng)
-            if not wanted or entry.name in wanted:
-                return entry
-        raise LookupError(f"none of {sorted(wanted)} is in the pool")
+        if not wanted:
+            return self.pool.choose(self.rng)
+        members = [m for m in self.pool.members if m.name in wanted]
+        if not members:
+            raise LookupError(f"none of {sorted(wanted)} is an active member of the pool")
+        return self.rng.choice(members)
 
     def info(self, entry: PoolEntry) -> EnvInfo:
         if entry.sha not in self._info:
@@ -123,10 +133,43 @@ class Orchestrator:
         return self._info[entry.sha]
 
     def difficulty(self, entry: PoolEntry) -> int:
+        """The fixed difficulty if configured; else the level tracked for this environment,
+        starting at its serving (or calibration) difficulty, or its easiest level."""
         info = self.info(entry)
-        level = self.settings.learner.difficulty or entry.difficulty or (info.low + info.high) // 2
+        if self.settings.learner.difficulty:
+            level = self.settings.learner.difficulty
+        else:
+            level = self.levels.setdefault(entry.sha, entry.difficulty or info.low)
         level = min(level, self.ceilings.get(entry.sha, info.high))
         return max(info.low, min(info.high, level))
+
+    def record_outcome(self, env_sha: str, difficulty: int, passes: int, total: int) -> None:
+        """Move an environment's level with the solver (beyond the reference design): after
+        `LEVEL_WINDOW` groups at its level, one level harder when the pass rate is above
+        `target + LEVEL_BAND`, one easier when below `target - LEVEL_BAND`."""
+        if self.settings.learner.difficulty or total == 0 or self.levels.get(env_sha) != difficulty:
+            return
+        window = self._outcomes.setdefault(env_sha, [])
+        window.append(passes / total)
+        if len(window) < LEVEL_WINDOW:
+            return
+        rate = sum(window) / len(window)
+        target = self.settings.admission.target_pass_rate
+        info = self._info.get(env_sha)
+        low, high = (info.low, info.high) if info else (difficulty, difficulty)
+        if rate > target + LEVEL_BAND and difficulty < high:
+            self.levels[env_sha] = difficulty + 1
+        elif rate < target - LEVEL_BAND and difficulty > low:
+            self.levels[env_sha] = difficulty - 1
+        if self.levels[env_sha] != difficulty:
+            log.info(
+                "difficulty_moved",
+                env_sha=env_sha,
+                old=difficulty,
+                new=self.levels[env_sha],
+                pass_rate=round(rate, 3),
+            )
+        window.clear()
 
     def solver_job(
         self,

@@ -126,3 +126,46 @@ def test_resume_trains_each_group_once(redis_url: str) -> None:
     assert before == ["g0", "g1", "g2"]
     assert sorted(after) == ["g2", "g3"]  # g2 again (not in the checkpoint), g0/g1 never again
     assert stream_length(redis_url) == 2  # the acknowledged ones are trimmed
+
+
+def test_own_pending_entries_are_not_read_again(redis_url: str) -> None:
+    fill(redis_url, [group("g0", 0), group("g1", 0)])
+
+    async def go() -> tuple[list[str], list[str], int]:
+        c = consumer(redis_url, "learner", claim_idle_ms=100)
+        await c.start()
+        first = [g.group_id for g in await c.read(10, 100, 0)]
+        await asyncio.sleep(0.3)  # idle past claim_idle_ms, still waiting for a checkpoint
+        again = [g.group_id for g in await c.read(10, 100, 0)]
+        duplicates = c.stats.duplicates
+        await close(c)
+        return first, again, duplicates
+
+    first, again, duplicates = asyncio.run(go())
+    assert sorted(first) == ["g0", "g1"]
+    assert again == [] and duplicates == 0
+
+
+def test_a_restarted_consumer_reads_all_its_pending_entries_in_small_batches(
+    redis_url: str,
+) -> None:
+    fill(redis_url, [group(f"g{i}", 0) for i in range(5)])
+
+    async def go() -> list[str]:
+        dead = consumer(redis_url, "learner")
+        await dead.start()
+        assert len(await dead.read(5, 100, 0)) == 5  # read, never checkpointed: pending
+        again = consumer(redis_url, "learner")  # the same learner, restarted
+        await again.start()
+        got: list[str] = []
+        for _ in range(8):
+            got += [g.group_id for g in await again.read(1, 50, 0)]
+        await close(dead, again)
+        return got
+
+    assert go_sorted(asyncio.run(go())) == ["g0", "g1", "g2", "g3", "g4"]
+
+
+def go_sorted(ids: list[str]) -> list[str]:
+    assert len(ids) == len(set(ids)), ids
+    return sorted(ids)
