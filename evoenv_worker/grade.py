@@ -94,19 +94,7 @@ def estimate_tokens(text: str) -> int:
 def grade_group(sandbox: Sandbox, job: SolverJob, settings: Settings) -> GradedGroup:
     """Score every completion of the job in one sandbox `grade` op."""
     if job.over_budget:  # nothing was sampled: the orchestrator serves it one level easier
-        return GradedGroup(
-            run=job.run,
-            group_id=job.group_id,
-            role="solver",
-            env_name=job.env.name,
-            env_sha=job.env.sha,
-            seed=job.seed,
-            difficulty=job.difficulty,
-            prompt="",
-            policy_version=0,
-            completions=[],
-            data={"over_budget": True},
-        )
+        return _group(job, [], {"over_budget": True})
     cap = settings.validation.answer_cap
     extractions = [extract_answer(c.text, cap) for c in job.completions]
     answers = [e.answer for e in extractions]
@@ -137,6 +125,11 @@ def grade_group(sandbox: Sandbox, job: SolverJob, settings: Settings) -> GradedG
                 **base, reward=grade.reward, outcome=grade.outcome.value, detail=grade.detail
             )
         )
+    return _group(job, graded, {"env_error": instance_error} if instance_error else {})
+
+
+def _group(job: SolverJob, graded: list[GradedCompletion], data: dict[str, object]) -> GradedGroup:
+    """The graded group of a job; its age is its oldest completion's policy version."""
     versions = [c.policy_version for c in job.completions]
     return GradedGroup(
         run=job.run,
@@ -149,5 +142,5 @@ def grade_group(sandbox: Sandbox, job: SolverJob, settings: Settings) -> GradedG
         prompt=job.prompt or "",
         policy_version=min(versions) if versions else 0,
         completions=graded,
-        data={"env_error": instance_error} if instance_error else {},
+        data=data,
     )

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,24 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import missing
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-c", "from evoenv_worker.cli import main; main()"]
-IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 READY_SECONDS = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def missing(what: str) -> None:
-    """A service the test needs is missing: fail under CI, skip on a developer's machine."""
-    if IN_CI:
-        pytest.fail(f"{what} (required under CI=true)")
-    pytest.skip(what)
 
 
 def require_sandbox() -> None:

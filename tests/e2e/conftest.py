@@ -1,0 +1,70 @@
+"""End-to-end fixtures: the embedded model (Qwen2.5-Coder-0.5B-Instruct) served by vLLM, a
+private Redis, and real worker processes on every queue. Slow: CI runs them. The cluster is
+per module, so that no two vLLM servers and trainers share the machine's memory at once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e_support import Cluster, evoenv, kill_group
+from support import free_port
+
+from evoenv_worker.models import prepare_model
+from evoenv_worker.serve import start_server
+from shared.config import ServeSettings, Settings
+from shared.errors import ServiceUnavailable
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = REPO / ".cache" / "evoenv"
+
+
+@pytest.fixture(scope="module")
+def cluster(redis_server: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    folder = tmp_path_factory.mktemp("e2e")
+    port = free_port()
+    env = {
+        **os.environ,
+        "EVOENV_REDIS_URL": redis_server.url,  # type: ignore[attr-defined]
+        "EVOENV_DATA_DIR": str(CACHE),
+        "EVOENV_DATABASE_URL": f"sqlite:///{folder / 'archive.db'}",
+        "EVOENV_VLLM_URLS": f"http://127.0.0.1:{port}",
+        "EVOENV_LOG_FORMAT": "json",
+    }
+    settings = Settings(
+        data_dir=CACHE, serve=ServeSettings(port=port, kv_cache_gib=1, max_model_len=4096)
+    )
+    model = prepare_model(settings)
+    log_path = folder / "vllm.log"
+    with log_path.open("wb") as log_file:
+        try:
+            server = start_server(settings, model, output=log_file)
+        except ServiceUnavailable as exc:
+            pytest.fail(f"{exc}\n{log_path.read_text(errors='replace')[-3000:]}")
+    workers = []
+    for queues, extra in (
+        ("generation", []),
+        ("grading", ["-c", "1"]),
+        ("validation", ["-c", "1"]),
+    ):
+        with (folder / f"worker-{queues}.log").open("wb") as log:
+            workers.append(
+                subprocess.Popen(
+                    evoenv("worker", "-Q", queues, *extra),
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+    time.sleep(5)
+    try:
+        yield Cluster(env, folder, server, workers)
+    finally:
+        for worker in workers:
+            kill_group(worker)
+        server.stop()
