@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from workerkit import REPO, missing
+from support import missing
+from workerkit import REPO
 
 pytestmark = pytest.mark.integration
 

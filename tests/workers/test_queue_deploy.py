@@ -15,11 +15,10 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from support import free_port, missing
 from workerkit import (
     Service,
     clean_env,
-    free_port,
-    missing,
     require_sandbox,
     run_cli,
     slow_env,
