@@ -10,6 +10,8 @@ created on first use; `SCHEMA_VERSION` is recorded so later changes can migrate 
 from __future__ import annotations
 
 import hashlib
+import sqlite3
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -127,8 +129,18 @@ def make_engine(url: str) -> Engine:
 def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
     dbapi_connection.isolation_level = None  # let the "begin" hook issue BEGIN IMMEDIATE
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA busy_timeout=60000")
+    # Switching to WAL takes an exclusive lock that the busy handler does not wait for when
+    # several processes open a fresh file at once: retry it (it persists in the file).
+    for attempt in range(200):
+        try:
+            if cursor.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                cursor.execute("PRAGMA journal_mode=WAL")
+            break
+        except sqlite3.OperationalError:
+            if attempt == 199:
+                raise
+            time.sleep(0.05 + 0.01 * attempt)
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
 
