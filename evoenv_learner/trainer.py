@@ -40,6 +40,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from evoenv_learner.grpo import Role, group_advantages, grpo_loss, token_entropy, token_logprobs
+from evoenv_learner.logprobs import head_logprobs
 from shared.config import GrpoSettings
 from shared.messages import GradedGroup
 
@@ -116,7 +117,7 @@ class Trainer:
         device: str | torch.device | None = None,
         param_dtype: torch.dtype = torch.float32,
         temperatures: Mapping[str, float] | None = None,
-        gradient_checkpointing: bool = False,
+        gradient_checkpointing: bool | None = None,
         compute_entropy: bool = True,
     ) -> None:
         self.model_path = Path(model_path)
@@ -130,9 +131,14 @@ class Trainer:
         self.step_count = 0
 
         self.model = self._load_model(param_dtype)
+        self.chunked_head = _head_is_plain(self.model)
         self.model.train()
-        if gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
+        if (
+            settings.gradient_checkpointing
+            if gradient_checkpointing is None
+            else gradient_checkpointing
+        ):
+            self.model.gradient_checkpointing_enable({"use_reentrant": False})
         self.reference = self._load_model(param_dtype).eval() if settings.kl_coef > 0 else None
         if self.reference is not None:
             self.reference.requires_grad_(False)
@@ -186,13 +192,13 @@ class Trainer:
         """Forward and backward over one micro-batch; its loss is normalised by the whole
         batch's token count (`metrics.tokens`), so gradients and figures add up."""
         batch = _collate(sequences, self.device)
-        logits = self._logits(self.model, batch)
+        logprobs, entropy = self._logprobs(self.model, batch, with_entropy=self.compute_entropy)
         ref_logprobs = None
         if self.reference is not None:
             with torch.no_grad():
-                ref_logprobs = token_logprobs(self._logits(self.reference, batch), batch.targets)
+                ref_logprobs, _ = self._logprobs(self.reference, batch)
         loss, part = grpo_loss(
-            token_logprobs(logits, batch.targets),
+            logprobs,
             batch.old_logprobs,
             batch.advantages,
             batch.mask,
@@ -209,8 +215,7 @@ class Trainer:
         metrics.clip_fraction += part.clip_fraction * weight
         metrics.ratio_mean += part.ratio_mean * weight
         metrics.kl += part.kl * weight
-        if self.compute_entropy:
-            metrics.entropy += _entropy_sum(logits.detach(), batch.mask) / metrics.tokens
+        metrics.entropy += entropy / metrics.tokens
         metrics.total_tokens += int(batch.attention_mask.sum().item())
 
     def _optimizer_step(self, metrics: StepMetrics) -> None:
@@ -261,14 +266,39 @@ class Trainer:
                 )
         return sequences, skipped, env_errors
 
-    def _logits(self, model: Any, batch: _Batch) -> torch.Tensor:
-        """Logits at the positions that predict completion tokens, divided by the temperature."""
-        autocast = (
-            torch.autocast("cuda", dtype=torch.bfloat16)
-            if self.autocast
-            else contextlib.nullcontext()
+    def _logprobs(
+        self, model: Any, batch: _Batch, *, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, float]:
+        """Log-probs [B, keep - 1] of each kept column's target at the rows' temperatures
+        (zero where the mask is false), and the summed entropy over the masked tokens
+        (0.0 unless `with_entropy`)."""
+        if not self.chunked_head:
+            logits = self._logits(model, batch)
+            total = _entropy_sum(logits.detach(), batch.mask) if with_entropy else 0.0
+            return token_logprobs(logits, batch.targets), total
+        with self._autocast():
+            hidden = model.get_decoder()(
+                input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
+            ).last_hidden_state
+        head = model.get_output_embeddings().weight
+        # column j of the kept positions predicts input token first + j + 1; the last predicts none
+        hidden = hidden[:, -batch.keep : -1][batch.mask].to(head.dtype)
+        temperatures = batch.temperatures[:, None].expand(batch.mask.shape)[batch.mask]
+        logprobs, entropy = head_logprobs(
+            hidden, head, batch.targets[batch.mask], temperatures, with_entropy=with_entropy
         )
-        with autocast:
+        full = torch.zeros(batch.mask.shape, dtype=torch.float32, device=self.device)
+        return full.masked_scatter(batch.mask, logprobs), float(entropy.sum().item())
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.autocast:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _logits(self, model: Any, batch: _Batch) -> torch.Tensor:
+        """Logits at the positions that predict completion tokens, divided by the temperature
+        (the whole head at once: for models whose logits are not just the head's output)."""
+        with self._autocast():
             out = model(
                 input_ids=batch.input_ids,
                 attention_mask=batch.attention_mask,
@@ -292,7 +322,7 @@ class Trainer:
             self.temperatures[role],
         )
         batch = _collate([seq], self.device)
-        logprobs = token_logprobs(self._logits(self.model, batch), batch.targets)
+        logprobs, _ = self._logprobs(self.model, batch)
         return logprobs[batch.mask].tolist()
 
     # ---------------------------------------------------------------------------- checkpoints
@@ -427,6 +457,24 @@ def _collate(sequences: Sequence[TrainSequence], device: torch.device) -> _Batch
         advantages=torch.tensor([s.advantage for s in sequences], dtype=torch.float32).to(device),
         temperatures=torch.tensor([s.temperature for s in sequences]).to(device),
     )
+
+
+@torch.no_grad()
+def _head_is_plain(model: Any) -> bool:
+    """True when the model's logits are its output embedding applied to its decoder's last
+    hidden state (no bias, scale or soft-capping), checked on a few tokens: then the log-probs
+    are computed a chunk of tokens at a time (`head_logprobs`) instead of all logits at once."""
+    head = model.get_output_embeddings()
+    decoder = model.get_decoder()
+    if not isinstance(head, torch.nn.Linear) or head.bias is not None or decoder is None:
+        return False
+    ids = torch.arange(1, 9, device=head.weight.device)[None] % head.weight.shape[0]
+    logits = model(input_ids=ids, use_cache=False).logits.float()
+    hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state
+    plain = bool(torch.allclose(logits, (hidden @ head.weight.T).float(), rtol=1e-3, atol=1e-3))
+    if not plain:
+        log.info("lm_head_not_plain", note="log-probs from whole logits (more memory)")
+    return plain
 
 
 def _check_completion(

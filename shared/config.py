@@ -215,6 +215,10 @@ class GrpoSettings(BaseModel):
     """Groups per optimiser step (gradient accumulation over them)."""
     micro_batch: int = Field(4, ge=1)
     """Sequences per forward/backward pass."""
+    gradient_checkpointing: bool = True
+    """Recompute each layer's activations during the backward pass: activation memory of about
+    one layer instead of all of them, for about a third more compute. Off only where memory is
+    plentiful (long generator completions need it on a 24 GB CPU machine)."""
     temperature: float = 1.0
     """The solver's training temperature (sampling and log-prob computation)."""
     max_tokens: int = 512
