@@ -237,9 +237,9 @@ def _build(model: EmbeddedModel, folder: Path) -> None:
         state = loaded.state_dict()
         if model.tie_embeddings:
             config.tie_word_embeddings = True
-            embedding = loaded.get_input_embeddings().weight.data_ptr()
-            head: Any = loaded.get_output_embeddings()
-            head = head.weight.detach()
+            source: Any = loaded
+            embedding = source.get_input_embeddings().weight.data_ptr()
+            head = source.get_output_embeddings().weight.detach()
             state = {k: head if v.data_ptr() == embedding else v for k, v in state.items()}
         fresh = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
         fresh.load_state_dict(state, strict=True)
