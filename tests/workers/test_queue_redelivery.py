@@ -41,7 +41,7 @@ TIME_LIMIT = 15
 VISIBILITY = 18
 MAX_DELIVERIES = 2
 SLOW = slow_env(solve_rounds=120_000, score_rounds=45_000_000)
-"""Validation takes a few seconds (every `solve` spins); grading one "slow" answer ~1-2 s."""
+"""Validation takes a second or more (every `solve` spins); grading one "slow" answer ~1-2 s."""
 QUEUES = [keys.GRADING_QUEUE, keys.VALIDATION_QUEUE]
 
 
@@ -91,6 +91,15 @@ def _running(cluster: Cluster, workers: list[Worker], task_ids: set[str]) -> dic
     return found if set(found) == task_ids else {}
 
 
+def _in_their_sandboxes(client: Any, running: dict[str, Any]) -> bool:
+    """True once every job of `running` (see `_running`) is inside its body, its delivery
+    counted by `JobTask`, and its pool process has started its sandbox."""
+    return all(
+        int(client.get(keys.attempts(task_id)) or 0) == 1 and descendants(pid)
+        for task_id, (_worker, pid) in running.items()
+    )
+
+
 def rows_for(cluster: Cluster, job_id: str) -> list[tuple[Any, ...]]:
     """The archive's validation reports of one job."""
     return archive_rows(cluster.data_dir, "validation_reports", "WHERE job_id = ?", job_id)
@@ -117,9 +126,10 @@ def test_a_killed_pool_process_has_its_jobs_run_again(
     results = [tasks.grade.delay(grade), tasks.validate.delay(validate)]
     ids = {r.id for r in results}
     running = wait_for(
-        lambda: _running(cluster, [first, second], ids), 60, "both jobs to start", every=0.2
+        lambda: _running(cluster, [first, second], ids), 60, "both jobs to start", every=0.1
     )
-    time.sleep(1.0)  # well inside the sandbox calls
+    # Inside the sandbox calls; no longer (validation can end within 1.5 s).
+    wait_for(lambda: _in_their_sandboxes(client, running), 30, "both sandboxes", every=0.05)
     for result in results:
         assert result.state == "STARTED"
     for _worker, pid in running.values():
@@ -136,10 +146,6 @@ def test_a_killed_pool_process_has_its_jobs_run_again(
         assert worker.proc.poll() is None
 
 
-@pytest.mark.skip(
-    reason="flaky (about 1 run in 3 on a quiet machine): the result sometimes names the killed "
-    "worker as the one that ran the job; under investigation (issue 5 notes)"
-)
 def test_a_killed_worker_has_its_jobs_run_by_another(
     cluster: Cluster, first: Worker, second: Worker, client: Any
 ) -> None:
@@ -147,30 +153,44 @@ def test_a_killed_worker_has_its_jobs_run_by_another(
     survivors = [first.node, second.node]
     for queue in QUEUES:
         app.control.cancel_consumer(queue, destination=survivors, reply=True, timeout=5)
-    doomed = cluster.start_worker(QUEUES, concurrency=2)
-    run = f"node-kill-{uuid.uuid4().hex[:6]}"
-    grade, validate = _slow_jobs(run)
-    results = [tasks.grade.delay(grade), tasks.validate.delay(validate)]
-    ids = {r.id for r in results}
-    wait_for(lambda: _running(cluster, [doomed], ids), 60, "both jobs to start", every=0.2)
-    for queue in QUEUES:
-        app.control.add_consumer(queue, destination=[second.node], reply=True, timeout=5)
-    time.sleep(1.0)
-    killed_at = time.monotonic()
-    pids = doomed.kill()
-    assert not wait_gone(pids), "the killed worker left processes behind"
-    graded = results[0].get(timeout=VISIBILITY + 60)
-    report = results[1].get(timeout=VISIBILITY + 60)
-    waited = time.monotonic() - killed_at
-    assert graded["entry"] and report["verdict"] == "admitted"
-    for result in results:
-        # Another worker ran it (the module's other workers consume these queues too).
-        assert result.worker != doomed.node
-        assert int(client.get(keys.attempts(result.id))) == 2
-    _check_side_effects_once(cluster, client, run, grade, validate)
-    assert waited < VISIBILITY + 30
-    for queue in QUEUES:
-        app.control.add_consumer(queue, destination=[first.node], reply=True, timeout=5)
+    try:
+        doomed = cluster.start_worker(QUEUES, concurrency=2)
+        run = f"node-kill-{uuid.uuid4().hex[:6]}"
+        grade, validate = _slow_jobs(run)
+        results = [tasks.grade.delay(grade), tasks.validate.delay(validate)]
+        ids = {r.id for r in results}
+        # Kill as soon as both jobs run in their sandboxes, not after a fixed pause: a job that
+        # ends before the kill is done by the doomed worker, whose name its result then rightly
+        # bears, and is not delivered again.
+        running = wait_for(
+            lambda: _running(cluster, [doomed], ids), 60, "both jobs to start", every=0.1
+        )
+        wait_for(lambda: _in_their_sandboxes(client, running), 30, "both sandboxes", every=0.05)
+        killed_at = time.monotonic()
+        pids = doomed.kill()
+        assert not wait_gone(pids), "the killed worker left processes behind"
+        for result in results:
+            # The kill interrupted the job: its last state is the doomed worker's STARTED.
+            assert result.state == "STARTED", "the job ended before the kill"
+            assert result.worker == doomed.node
+        # Only now may a survivor take the jobs, once their visibility timeout has run out.
+        for queue in QUEUES:
+            app.control.add_consumer(queue, destination=[second.node], reply=True, timeout=5)
+        graded = results[0].get(timeout=VISIBILITY + 60)
+        report = results[1].get(timeout=VISIBILITY + 60)
+        waited = time.monotonic() - killed_at
+        assert graded["entry"] and report["verdict"] == "admitted"
+        for result in results:
+            # The result is written by the worker that ran the job to its end: the survivor,
+            # the only worker consuming these queues after the kill.
+            assert result.worker == second.node
+            assert int(client.get(keys.attempts(result.id))) == 2
+            assert not client.hexists(keys.DEAD_LETTERS, result.id)
+        _check_side_effects_once(cluster, client, run, grade, validate)
+        assert waited < VISIBILITY + 30
+    finally:
+        for queue in QUEUES:
+            app.control.add_consumer(queue, destination=survivors, reply=True, timeout=5)
 
 
 def test_a_job_delivered_too_often_lands_in_the_dead_letters(
