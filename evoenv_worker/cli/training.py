@@ -68,7 +68,7 @@ def evaluate(
     from shared.db import Archive
 
     settings: Settings = ctx.obj
-    configure(settings)
+    _require_workers(settings, configure(settings))
     archive = Archive(settings.archive_url)
     seed_pool(archive, settings.seeds_dir)
     pool = Pool(archive, settings.pool)
@@ -86,6 +86,15 @@ def evaluate(
     result = asyncio.run(
         run_eval(settings, orchestrator, asyncio.Event(), members, difficulty, instances)
     )
+    if not result["instances"]:
+        from evoenv_worker.cli.envs import EXIT_ERROR, err
+
+        err.print(
+            "error: no instance was graded: every job failed (is the model server at "
+            f"{', '.join(settings.vllm_urls)} up? see `evoenv status` and the workers' logs)",
+            markup=False,
+        )
+        raise typer.Exit(EXIT_ERROR)
     if as_json:
         out.print(json.dumps(result), markup=False)
         return
@@ -99,3 +108,22 @@ def evaluate(
         "all", f"{result['pass_rate']:.2f} [{result['ci_low']:.2f}, {result['ci_high']:.2f}]"
     )
     out.print(table)
+
+
+def _require_workers(settings: Settings, app: object) -> None:
+    """Exit with one line when no worker consumes a queue the evaluation's jobs need (they
+    would wait forever)."""
+    from evoenv_worker.cli.cluster import _redis_or_exit, workers_on
+    from evoenv_worker.cli.envs import EXIT_ERROR, err
+    from shared import keys
+
+    _redis_or_exit(settings)
+    consumed = {queue for queues in workers_on(app).values() for queue in queues}
+    missing = [q for q in (keys.GRADING_QUEUE, keys.GENERATION_QUEUE) if q not in consumed]
+    if missing:
+        err.print(
+            f"error: no worker is consuming the {', '.join(repr(q) for q in missing)} "
+            f"queue(s); start one with deploy/worker.sh --queues {','.join(missing)}",
+            markup=False,
+        )
+        raise typer.Exit(EXIT_ERROR)
