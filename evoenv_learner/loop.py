@@ -49,8 +49,17 @@ class LearnerState:
     last_metrics: dict[str, Any] = field(default_factory=dict)
 
 
-async def run(settings: Settings, *, resume: bool = False, on_step: Any = None) -> LearnerState:
-    """Run the learner until `learner.steps` steps are done (0: until stopped)."""
+async def run(
+    settings: Settings,
+    *,
+    resume: bool = False,
+    on_step: Any = None,
+    republish: asyncio.Event | None = None,
+) -> LearnerState:
+    """Run the learner until `learner.steps` steps are done (0: until stopped).
+
+    Setting `republish` (e.g. when a model server was restarted, and serves the base weights
+    again) pushes the current weights as a new version as soon as no step is running."""
     from evoenv_learner.publisher import PushFailed, ReloadPublisher
     from evoenv_learner.trainer import Trainer, latest_checkpoint
     from evoenv_worker.app import configure
@@ -155,6 +164,33 @@ async def run(settings: Settings, *, resume: bool = False, on_step: Any = None) 
                     continue
                 await _put(queue, group, stop)
 
+    weights = asyncio.Lock()
+    """Held while the trainer steps or a push reads the weights."""
+
+    async def push() -> float | None:
+        """Publish the weights as a new version; the seconds it took, None if it failed."""
+        started = time.perf_counter()
+        try:
+            state.version = await asyncio.to_thread(publisher.publish, trainer.model)
+        except (PushFailed, ServiceUnavailable) as exc:
+            # A server down (being restarted): train on, push again next step.
+            log.error("push_failed_will_retry", step=state.step, error=str(exc)[:500])
+            return None
+        return round(time.perf_counter() - started, 3)
+
+    async def republisher() -> None:
+        assert republish is not None
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(republish.wait(), timeout=1.0)
+            if republish.is_set() and not stop.is_set():
+                republish.clear()
+                async with weights:
+                    log.info("republish", step=state.step, version=state.version)
+                    if await push() is None:
+                        republish.set()
+                        await asyncio.sleep(5.0)
+
     async def train() -> None:
         last_checkpoint = state.step
         push_owed = False
@@ -165,23 +201,19 @@ async def run(settings: Settings, *, resume: bool = False, on_step: Any = None) 
                 batch = await _batch(queue, settings.grpo.batch_groups, stop)
                 if not batch:
                     continue
-                step_metrics = await asyncio.to_thread(trainer.step, batch)
-                if trainer.step_count == state.step:
-                    log.warning("step_not_taken", groups=len(batch))
-                    continue
-                state.step = trainer.step_count
-                values = step_metrics.as_dict()
-                values["groups_trained"] = [g.group_id for g in batch]
-                if state.step % settings.learner.push_every == 0 or push_owed:
-                    started = time.perf_counter()
-                    try:
-                        state.version = await asyncio.to_thread(publisher.publish, trainer.model)
-                        values["push_seconds"] = round(time.perf_counter() - started, 3)
-                        push_owed = False
-                    except (PushFailed, ServiceUnavailable) as exc:
-                        # A server down (being restarted): train on, push again next step.
-                        log.error("push_failed_will_retry", step=state.step, error=str(exc)[:500])
-                        push_owed = True
+                async with weights:
+                    step_metrics = await asyncio.to_thread(trainer.step, batch)
+                    if trainer.step_count == state.step:
+                        log.warning("step_not_taken", groups=len(batch))
+                        continue
+                    state.step = trainer.step_count
+                    values = step_metrics.as_dict()
+                    values["groups_trained"] = [g.group_id for g in batch]
+                    if state.step % settings.learner.push_every == 0 or push_owed:
+                        seconds = await push()
+                        push_owed = seconds is None
+                        if seconds is not None:
+                            values["push_seconds"] = seconds
                 values.update(
                     version=state.version,
                     zero_variance_skipped=state.skipped_groups,
@@ -212,6 +244,8 @@ async def run(settings: Settings, *, resume: bool = False, on_step: Any = None) 
             group.create_task(orchestrator.run(stop))
             group.create_task(consume())
             group.create_task(train())
+            if republish is not None:
+                group.create_task(republisher())
     finally:
         metrics.close()
         publisher.close()

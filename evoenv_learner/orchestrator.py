@@ -32,7 +32,6 @@ from shared.messages import ProposalJob, SolverJob
 
 log = structlog.get_logger(__name__)
 
-EXAMPLES_PER_PROPOSAL = 2
 LEVEL_WINDOW = 4
 """Solver groups observed at a level before it may move."""
 LEVEL_BAND = 0.25
@@ -211,7 +210,7 @@ class Orchestrator:
         members = self.pool.members
         examples = choose_examples(
             [Example(m.name, self.info(m).oracle, m.source, m.sha) for m in members],
-            EXAMPLES_PER_PROPOSAL,
+            self.settings.learner.proposal_examples,
             self.rng,
         )
         g = self.settings.grpo
@@ -221,7 +220,7 @@ class Orchestrator:
             messages=proposal_messages(examples),
             parents=[e.sha for e in examples],
             group_size=g.group_size,
-            temperature=g.temperature,
+            temperature=g.generator_temperature,
             max_tokens=g.generator_max_tokens,
         )
         tasks.propose.apply_async(args=[job.model_dump(mode="json")])

@@ -31,6 +31,8 @@ class Child:
     log_path: Path
     ready: Callable[[], bool] | None = None
     """Returns True once the child serves (polled after each start)."""
+    restarted: Callable[[], None] | None = None
+    """Called once a restarted child is ready again (the vLLM server: push the weights)."""
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     started_at: float = 0.0
@@ -75,6 +77,8 @@ class Supervisor:
     children: list[Child] = field(default_factory=list)
     max_restarts: int = 5
     events: list[str] = field(default_factory=list)
+    gave_up: str | None = None
+    """The child that died more than `max_restarts` times (the watch then returns)."""
 
     def add(self, child: Child) -> Child:
         self.children.append(child)
@@ -104,6 +108,7 @@ class Supervisor:
                     if child.restarts >= self.max_restarts:
                         self.events.append(f"{child.name} died (exit {code}) too often; giving up")
                         log.error("child_gave_up", child=child.name, code=code)
+                        self.gave_up = child.name
                         stop.set()
                         break
                     child.restarts += 1
@@ -114,6 +119,10 @@ class Supervisor:
                         await self.start(child, start_timeout)
                     except RuntimeError as exc:
                         log.error("child_restart_failed", child=child.name, error=str(exc)[:500])
+                        continue
+                    log.info("child_restarted", child=child.name, restart=child.restarts)
+                    if child.restarted is not None:
+                        child.restarted()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
 

@@ -123,7 +123,10 @@ class Trainer:
         self.model_path = Path(model_path)
         self.settings = settings
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.temperatures = {"solver": settings.temperature, "generator": settings.temperature}
+        self.temperatures = {
+            "solver": settings.temperature,
+            "generator": settings.generator_temperature,
+        }
         self.temperatures.update(temperatures or {})
         self.compute_entropy = compute_entropy
         self.autocast = self.device.type == "cuda" and param_dtype == torch.float32

@@ -221,6 +221,8 @@ class GrpoSettings(BaseModel):
     plentiful (long generator completions need it on a 24 GB CPU machine)."""
     temperature: float = 1.0
     """The solver's training temperature (sampling and log-prob computation)."""
+    generator_temperature: float = 1.0
+    """The generator's (proposals are sampled and trained at it)."""
     max_tokens: int = 512
     """Longest solver completion, in tokens."""
     generator_max_tokens: int = 1536
@@ -262,6 +264,8 @@ class LearnerSettings(BaseModel):
     """Restrict solver sampling to these environment names (empty: the whole pool)."""
     prompt_budget: int = Field(1536, ge=64)
     """Longest solver prompt served, in tokens; longer instances are served one level easier."""
+    proposal_examples: int = Field(2, ge=1)
+    """Pool members shown as complete example files in each proposal prompt."""
     run_dir: Path | None = None
     """Checkpoints, TensorBoard logs and reports (None: DATA_DIR/runs/RUN)."""
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -36,6 +37,15 @@ def up(
 ) -> None:
     """Run everything on this machine: Redis, vLLM, workers, Flower and the learner."""
     settings: Settings = ctx.obj
+    applied = apply_cpu_sizes()
+    if applied:
+        settings = Settings()
+        out.print(
+            "CPU only: smaller groups and completions ("
+            + ", ".join(f"{k.removeprefix('EVOENV_').lower()}={v}" for k, v in applied.items())
+            + "); set any of them to override",
+            markup=False,
+        )
     if steps is not None:
         settings = settings.model_copy(
             update={"learner": settings.learner.model_copy(update={"steps": steps})}
@@ -46,6 +56,43 @@ def up(
         f"report: {state['report']}",
         markup=False,
     )
+    if state.get("gave_up"):
+        from evoenv_worker.cli.envs import EXIT_ERROR, err
+
+        err.print(
+            f"error: {state['gave_up']} kept dying and was not restarted again; see "
+            f"{settings.run_dir / 'logs' / (state['gave_up'] + '.log')}",
+            markup=False,
+        )
+        raise typer.Exit(EXIT_ERROR)
+
+
+CPU_SIZES = {
+    "EVOENV_GRPO__GROUP_SIZE": "4",
+    "EVOENV_GRPO__BATCH_GROUPS": "2",
+    "EVOENV_GRPO__MICRO_BATCH": "1",
+    "EVOENV_GRPO__MAX_TOKENS": "384",
+    "EVOENV_GRPO__GENERATOR_MAX_TOKENS": "1024",
+    "EVOENV_LEARNER__SOLVER_GROUPS_IN_FLIGHT": "2",
+    "EVOENV_LEARNER__EVAL_INSTANCES": "8",
+    "EVOENV_LEARNER__PROPOSAL_EXAMPLES": "1",
+}
+"""Sizes for a CPU-only machine (two cores train ~40 tokens/s on the default model): without
+them one optimiser step of the reference sizes (4 groups of 8, completions up to 512 tokens,
+generator files up to 1536) takes most of an hour. Applied by `evoenv up` where there is no
+GPU, each only when its variable is not set already (children inherit them)."""
+
+
+def apply_cpu_sizes() -> dict[str, str]:
+    """Set the CPU sizes in the environment where there is no GPU and the user has not set
+    them; return those applied."""
+    import torch
+
+    if torch.cuda.is_available():
+        return {}
+    applied = {k: v for k, v in CPU_SIZES.items() if k not in os.environ}
+    os.environ.update(applied)
+    return applied
 
 
 def _free_port() -> int:
@@ -69,12 +116,15 @@ async def _up(settings: Settings) -> dict[str, Any]:
 
     from evoenv_learner.loop import run
     from evoenv_learner.supervisor import Child, Supervisor
+    from shared.logging import add_log_file
 
     run_dir = settings.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     logs = run_dir / "logs"
+    add_log_file(logs / "learner.log")
     env = dict(os.environ)
     supervisor = Supervisor()
+    republish = asyncio.Event()
     updates: dict[str, Any] = {}
     if "EVOENV_REDIS_URL" not in os.environ:
         redis_port = _free_port()
@@ -113,7 +163,16 @@ async def _up(settings: Settings) -> dict[str, Any]:
                 return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
             return False
 
-        supervisor.add(Child("vllm", _evoenv("serve"), env, logs / "vllm.log", ready=healthy))
+        supervisor.add(
+            Child(
+                "vllm",
+                _evoenv("serve"),
+                env,
+                logs / "vllm.log",
+                ready=healthy,
+                restarted=republish.set,  # a restarted server serves the base weights
+            )
+        )
         updates["vllm_urls"] = [url]
     settings = settings.model_copy(update=updates)
     env.update(
@@ -173,13 +232,21 @@ async def _up(settings: Settings) -> dict[str, Any]:
             def on_step(learner_state: Any) -> None:
                 live.update(display.table(learner_state, supervisor))
 
-            watcher = asyncio.create_task(supervisor.watch(stop))
+            async def watch() -> None:
+                await supervisor.watch(stop)
+                if supervisor.gave_up:  # stop the learner cleanly (checkpoint), as Ctrl-C does
+                    os.kill(os.getpid(), signal.SIGTERM)
+
+            watcher = asyncio.create_task(watch())
             try:
-                learner_state = await run(settings, resume=resume, on_step=on_step)
+                learner_state = await run(
+                    settings, resume=resume, on_step=on_step, republish=republish
+                )
             finally:
                 stop.set()
                 await watcher
         state.update(step=learner_state.step, version=learner_state.version)
+        state["gave_up"] = supervisor.gave_up
     finally:
         supervisor.stop_all()
     state["report"] = str(_report(settings))

@@ -1,0 +1,72 @@
+"""The supervisor of `evoenv up`, on real child processes: a killed child is restarted and its
+`restarted` hook runs; one that keeps dying is given up on; stopping leaves no process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from evoenv_learner.supervisor import Child, Supervisor
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie counts as gone
+    return "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_killed_child_is_restarted_and_its_hook_runs(tmp_path: Path) -> None:
+    calls: list[str] = []
+    child = Child(
+        "sleeper",
+        [sys.executable, "-c", "import time; time.sleep(600)"],
+        dict(os.environ),
+        tmp_path / "sleeper.log",
+        restarted=lambda: calls.append("restarted"),
+    )
+    supervisor = Supervisor()
+    supervisor.add(child)
+
+    async def scenario() -> tuple[int, int]:
+        stop = asyncio.Event()
+        await supervisor.start(child, timeout=10)
+        first = child.proc.pid  # type: ignore[union-attr]
+        watcher = asyncio.create_task(supervisor.watch(stop))
+        os.killpg(first, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while not calls and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        second = child.proc.pid  # type: ignore[union-attr]
+        stop.set()
+        await watcher
+        return first, second
+
+    first, second = asyncio.run(scenario())
+    assert calls == ["restarted"]
+    assert first != second and child.restarts == 1 and child.alive
+    supervisor.stop_all()
+    assert not _alive(second) and supervisor.gave_up is None
+
+
+def test_a_child_that_keeps_dying_is_given_up(tmp_path: Path) -> None:
+    child = Child("crasher", [sys.executable, "-c", "raise SystemExit(7)"], {}, tmp_path / "c.log")
+    supervisor = Supervisor(max_restarts=1)
+    supervisor.add(child)
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        child.start()
+        await asyncio.wait_for(supervisor.watch(stop), timeout=30)
+        assert stop.is_set()
+
+    asyncio.run(scenario())
+    assert supervisor.gave_up == "crasher" and child.restarts == 1
+    assert any("too often" in event for event in supervisor.events)
+    supervisor.stop_all()
