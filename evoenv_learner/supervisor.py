@@ -33,6 +33,8 @@ class Child:
     """Returns True once the child serves (polled after each start)."""
     restarted: Callable[[], None] | None = None
     """Called once a restarted child is ready again (the vLLM server: push the weights)."""
+    cpus: frozenset[int] | None = None
+    """Cores the child may run on (None: the parent's at the time of the start)."""
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     started_at: float = 0.0
@@ -52,6 +54,8 @@ class Child:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+        if self.cpus:
+            os.sched_setaffinity(self.proc.pid, self.cpus)  # before it starts its threads
         self.started_at = time.monotonic()
         log.info("child_started", child=self.name, pid=self.proc.pid)
 

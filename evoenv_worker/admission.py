@@ -258,7 +258,11 @@ def embedding_of(report: ValidationReport) -> dict[str, Any] | None:
 
 
 def admission_stats(report: ValidationReport) -> dict[str, Any]:
-    stats: dict[str, Any] = {"admitted_at": time.time()}
+    """What the archive keeps of a judged candidate's model stages; `admitted_at` only when
+    the verdict is admitted (reports count an environment as admitted by it)."""
+    stats: dict[str, Any] = {"judged_at": time.time()}
+    if report.verdict == "admitted":
+        stats["admitted_at"] = stats["judged_at"]
     for stage in report.stages:
         if stage.stage == "calibration":
             stats["calibration"] = stage.data

@@ -218,6 +218,10 @@ def _record_candidate(
     clash = archive.by_name(report.name)
     admitted = row["failed"] is None and (clash is None or clash.sha == sha)
     stats = {**admission_stats(report), "reward": reward, "funnel": row["failed"] or "admitted"}
+    if admitted:
+        stats.setdefault("admitted_at", stats["judged_at"])
+    else:
+        stats.pop("admitted_at", None)
     if row["failed"] is None and not admitted:
         stats["funnel"] = "name clash"
     archive.update_environment(
