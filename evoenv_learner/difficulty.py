@@ -16,8 +16,10 @@ monotone curve. With fewer, it is the nearest of those measured. Measured rates 
 need not be monotone: the search still terminates within the budget and answers the nearest
 measured level.
 
-`DifficultySearch` is the pure step-by-step form (the asyncio orchestrator measures between
-steps); `search_serving_difficulty` drives it with a synchronous measuring function.
+`DifficultySearch` is the pure step-by-step form: the asyncio orchestrator measures between
+steps (`Orchestrator.search_one`, one round = m fresh instances graded through the usual Celery
+chain) and records the result in the pool. `search_serving_difficulty` drives it with a
+synchronous measuring function.
 """
 
 from __future__ import annotations

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from evoenv_learner.orchestrator import Orchestrator, chain_results
 from shared.config import Settings
 from shared.environment import EVAL_SEEDS
 
 if TYPE_CHECKING:
-    from evoenv_learner.orchestrator import Orchestrator
     from evoenv_learner.pool import PoolEntry
 
 log = structlog.get_logger(__name__)
@@ -31,15 +31,12 @@ async def evaluate(
 ) -> dict[str, Any]:
     """Pass rate of the served policy on held-out instances of `entries` (default: the pool's
     members the learner trains on)."""
-    from celery import chain
-
-    from evoenv_worker import tasks
-
     wanted = set(settings.learner.environments)
     members = entries or [m for m in orchestrator.pool.members if not wanted or m.name in wanted]
     n = instances or settings.learner.eval_instances
     level = difficulty or settings.learner.eval_difficulty
-    results: list[tuple[str, Any]] = []
+    names: list[str] = []
+    results: list[Any] = []
     for entry in members:
         for k in range(n):
             job = orchestrator.solver_job(
@@ -50,27 +47,13 @@ async def evaluate(
                 group_size=1,
                 temperature=0.0,
             )
-            payload = job.model_dump(mode="json")
-            results.append(
-                (
-                    entry.name,
-                    chain(
-                        tasks.sample.s(payload), tasks.complete.s(), tasks.grade.s()
-                    ).apply_async(),
-                )
-            )
+            names.append(entry.name)
+            results.append(orchestrator.send_chain(job))
     rewards: dict[str, list[float]] = {}
-    while results and not stop.is_set():
-        pending = []
-        for name, result in results:
-            if not result.ready():
-                pending.append((name, result))
-            elif result.successful():
-                for reward in result.result.get("rewards", []):
-                    if reward is not None:
-                        rewards.setdefault(name, []).append(float(reward == 1.0))
-        results = pending
-        await asyncio.sleep(0.5)
+    for name, graded in zip(names, await chain_results(results, stop), strict=True):
+        for reward in graded.get("rewards", []) if graded else []:
+            if reward is not None:
+                rewards.setdefault(name, []).append(float(reward == 1.0))
     return summarise(rewards)
 
 

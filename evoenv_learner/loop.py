@@ -242,6 +242,7 @@ async def run(
     try:
         async with asyncio.TaskGroup() as group:
             group.create_task(orchestrator.run(stop))
+            group.create_task(orchestrator.search_serving(stop))
             group.create_task(consume())
             group.create_task(train())
             if republish is not None:

@@ -6,6 +6,17 @@ serving difficulty, then the Celery chain sample (grading) -> complete (generati
 prompt from a few pool members, sent to `propose` (generation), whose candidates go through
 admission; the generation group lands in the stream when its last candidate is done.
 
+Serving difficulty (beyond the reference design): `search_serving` finds, for each admitted
+environment in turn, the level whose solver pass rate is nearest the target (`difficulty.py`)
+and records it in the pool with the measured curve; solver groups are then served at that level,
+which `record_outcome` moves as the solver improves. Until its search ends an environment is
+served at its calibration difficulty, which does not move. One search runs at a time (m
+instances in flight at most), each round's instances graded on a stream of their own
+(`RUN-serving`) that training never reads. The result lives in the archive, so a learner
+restart searches again only the environments whose search had not finished. Seeds are not
+searched (`awaits_search`). The admission gate and the generator's reward keep the fixed
+calibration difficulty: nothing here touches them.
+
 Backpressure: nothing new is sent while the stream holds more unread groups than
 `learner.stream_backlog`. The orchestrator never imports environment code: it reads the class
 attributes it needs (name, oracle, difficulty range) from the source's syntax tree.
@@ -14,15 +25,17 @@ attributes it needs (name, oracle, difficulty range) from the source's syntax tr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
+from evoenv_learner.difficulty import DifficultySearch, SearchResult
 from evoenv_learner.pool import Pool, PoolEntry
 from evoenv_worker.propose import Example, choose_examples, proposal_messages
 from evoenv_worker.static import check_static
@@ -36,6 +49,12 @@ LEVEL_WINDOW = 4
 """Solver groups observed at a level before it may move."""
 LEVEL_BAND = 0.25
 """How far the pass rate may stray from the target before the level moves."""
+SEARCH_POLL_SECONDS = 5.0
+"""How often `search_serving` looks again for an environment awaiting its search."""
+
+Measure = Callable[[PoolEntry, int, asyncio.Event], Awaitable[float | None]]
+"""The solver's pass rate on an environment at a level; None when the learner is stopping or
+nothing could be measured (`Orchestrator.measure_pass_rate`; tests pass a fake)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +81,8 @@ class Orchestrator:
     levels: dict[str, int] = field(default_factory=dict)
     """Per environment: the difficulty solver groups are served at now."""
     _outcomes: dict[str, list[float]] = field(default_factory=dict)
+    _search_given_up: set[str] = field(default_factory=set)
+    """Environments whose search measured nothing in this process (searched again on restart)."""
 
     async def run(self, stop: asyncio.Event) -> None:
         from evoenv_worker import tasks
@@ -70,7 +91,7 @@ class Orchestrator:
             self._reap()
             if await self.backlog() < self.settings.learner.stream_backlog:
                 while len(self.solver_in_flight) < self.settings.learner.solver_groups_in_flight:
-                    self._send_solver(tasks)
+                    self._send_solver()
                 while (
                     len(self.generator_in_flight) < self.settings.learner.generator_groups_in_flight
                 ):
@@ -133,10 +154,16 @@ class Orchestrator:
 
     def difficulty(self, entry: PoolEntry) -> int:
         """The fixed difficulty if configured; else the level tracked for this environment,
-        starting at its serving (or calibration) difficulty, or its easiest level."""
+        starting at its serving (or calibration) difficulty, or its easiest level.
+
+        An environment awaiting its search stays at its calibration difficulty, untracked, so
+        that neither the level adaptation nor a level restored from a checkpoint written before
+        the search ended can override the search's result."""
         info = self.info(entry)
         if self.settings.learner.difficulty:
             level = self.settings.learner.difficulty
+        elif self.awaits_search(entry):
+            level = entry.difficulty or info.low
         else:
             level = self.levels.setdefault(entry.sha, entry.difficulty or info.low)
         level = min(level, self.ceilings.get(entry.sha, info.high))
@@ -193,16 +220,138 @@ class Orchestrator:
             prompt_budget=self.settings.learner.prompt_budget,
         )
 
-    def _send_solver(self, tasks: Any) -> None:
+    def send_chain(self, job: SolverJob) -> Any:
+        """Send `job` down the chain sample -> complete -> grade; the chain's AsyncResult."""
         from celery import chain
 
-        job = self.solver_job(self._choose())
+        from evoenv_worker import tasks
+
         payload = job.model_dump(mode="json")
-        result = chain(tasks.sample.s(payload), tasks.complete.s(), tasks.grade.s()).apply_async()
+        return chain(tasks.sample.s(payload), tasks.complete.s(), tasks.grade.s()).apply_async()
+
+    def _send_solver(self) -> None:
+        job = self.solver_job(self._choose())
+        result = self.send_chain(job)
         self.solver_in_flight[job.group_id] = result
         self._sent_at[job.group_id] = time.monotonic()
         self.pool.record_use(job.env.sha)
         self.sent["solver"] += 1
+
+    # ---------------------------------------------------------------- serving difficulty
+
+    def awaits_search(self, entry: PoolEntry) -> bool:
+        """Whether `entry` is to be searched before it is served at a level that moves.
+
+        Seeds are not searched: they start at their easiest level and climb with the level
+        adaptation, as before (searching all ten would cost rounds x m completions each before
+        training starts on every fresh archive). Nothing is searched with a fixed
+        `learner.difficulty` or with `admission.serving_rounds` at 0."""
+        return (
+            self.settings.admission.serving_rounds > 0
+            and not self.settings.learner.difficulty
+            and not entry.is_seed
+            and not entry.searched
+            and entry.sha not in self._search_given_up
+        )
+
+    async def search_serving(self, stop: asyncio.Event, measure: Measure | None = None) -> None:
+        """Search the serving difficulty of each environment that awaits it, oldest first and
+        one at a time, until `stop`. New admissions join `pool.members` on the pool's refresh
+        (which every solver draw checks)."""
+        wanted = set(self.settings.learner.environments)
+        while not stop.is_set():
+            entry = next(
+                (
+                    m
+                    for m in self.pool.members
+                    if (not wanted or m.name in wanted) and self.awaits_search(m)
+                ),
+                None,
+            )
+            if entry is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=SEARCH_POLL_SECONDS)
+                continue
+            await self.search_one(entry, stop, measure or self.measure_pass_rate)
+
+    async def search_one(
+        self, entry: PoolEntry, stop: asyncio.Event, measure: Measure
+    ) -> SearchResult | None:
+        """One search: bisection from the calibration difficulty (the middle of the range if
+        none was recorded), `admission.serving_rounds` measurements at most; the level found
+        and the curve go to the pool, and the level is served from now on.
+
+        A round that measures nothing ends the search with the rounds before it; if there were
+        none, the environment is given up for this process (served at its calibration
+        difficulty, moving with the solver). Returns None then, and when stopped first: the
+        pool records nothing, so the next learner searches it again."""
+        info = self.info(entry)
+        start = (info.low + info.high) // 2 if entry.difficulty is None else entry.difficulty
+        search = DifficultySearch(
+            info.low,
+            info.high,
+            max(info.low, min(info.high, start)),
+            target=self.settings.admission.target_pass_rate,
+            rounds=self.settings.admission.serving_rounds,
+        )
+        while (level := search.next_level()) is not None and not stop.is_set():
+            rate = await measure(entry, level, stop)
+            if rate is None:
+                break
+            search.report(level, rate)
+            log.info(
+                "serving_search_round",
+                env=entry.name,
+                env_sha=entry.sha,
+                round=len(search.curve),
+                level=level,
+                pass_rate=round(rate, 3),
+            )
+        if stop.is_set() and search.next_level() is not None:
+            return None
+        if not search.curve:
+            self._search_given_up.add(entry.sha)
+            log.warning(
+                "serving_search_given_up", env=entry.name, env_sha=entry.sha, level=search.start
+            )
+            return None
+        result = search.result()
+        await asyncio.to_thread(
+            self.pool.set_serving_difficulty, entry.sha, result.level, result.curve
+        )
+        self.levels[entry.sha] = result.level
+        self._outcomes.pop(entry.sha, None)
+        return result
+
+    async def measure_pass_rate(
+        self, entry: PoolEntry, level: int, stop: asyncio.Event
+    ) -> float | None:
+        """The solver's pass rate at `level`, measured as calibration measures it: m fresh
+        instances from the training seed range, one completion each at the training
+        temperature, a pass being a score of exactly 1.0. (m instances once each rather than m
+        completions of one instance: the rate is then over instances, as the calibration rate
+        it starts from.) Each instance is a group of one sent down the usual chain, its run
+        `RUN-serving`, a stream that training never reads.
+
+        An instance left without a completion (its prompt over the budget, or its sampling
+        failed) counts as a fail: a level that cannot be served is no level to serve at. An
+        env_error grading and a chain that failed are left out. None when stopped first or
+        when nothing was counted."""
+        jobs = [
+            self.solver_job(
+                entry, run=f"{self.settings.run}-serving", difficulty=level, group_size=1
+            )
+            for _ in range(self.settings.admission.calibration_instances)
+        ]
+        graded = await chain_results([self.send_chain(job) for job in jobs], stop)
+        if stop.is_set():
+            return None
+        passes: list[float] = []
+        for result in graded:
+            if result is not None:
+                rewards = result.get("rewards") or [0.0]
+                passes += [float(reward == 1.0) for reward in rewards if reward is not None]
+        return sum(passes) / len(passes) if passes else None
 
     # ---------------------------------------------------------------------------- generator
 
@@ -229,3 +378,18 @@ class Orchestrator:
         log.info(
             "generation_group_sent", group_id=job.group_id, examples=[e.name for e in examples]
         )
+
+
+async def chain_results(results: list[Any], stop: asyncio.Event) -> list[dict[str, Any] | None]:
+    """Wait for the chains of `results` (their AsyncResults); each one's grade result, or None
+    where the chain failed. The delivery rules see that every chain ends (a job lost with its
+    worker is redelivered, one failing for good is dead-lettered); those not ended when `stop`
+    is set are None too."""
+    ended: dict[int, dict[str, Any] | None] = {}
+    while len(ended) < len(results) and not stop.is_set():
+        for k, result in enumerate(results):
+            if k not in ended and result.ready():
+                ended[k] = result.result if result.successful() else None
+        if len(ended) < len(results):
+            await asyncio.sleep(0.5)
+    return [ended.get(k) for k in range(len(results))]

@@ -76,6 +76,8 @@ class PoolEntry:
     difficulty: int | None
     """The serving difficulty; before any search, the calibration difficulty if recorded;
     None when neither is known (serve at the middle of the environment's range)."""
+    searched: bool = False
+    """Whether a serving-difficulty search has set `difficulty` (see `difficulty.py`)."""
 
     @property
     def is_seed(self) -> bool:
@@ -245,8 +247,8 @@ class Pool:
             stats["pass_rate_history"] = history[-HISTORY_LIMIT:]
             return status
 
-        self._update(sha, change)
-        log.info("env_serving_difficulty", env_sha=sha, level=level, curve=curve)
+        _, _, _, name = self._update(sha, change)
+        log.info("serving_difficulty_set", env_sha=sha, env=name, level=level, curve=curve)
 
     def retire(self, sha: str, reason: str = "manual") -> None:
         """Take an admitted environment out of sampling (`evoenv pool retire`)."""
@@ -359,6 +361,7 @@ def _entry(row: EnvironmentRow) -> PoolEntry:
         source=row.source,
         origin=row.origin,
         difficulty=None if difficulty is None else int(difficulty),
+        searched="serving_difficulty" in stats,
     )
 
 
