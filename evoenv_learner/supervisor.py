@@ -2,7 +2,9 @@
 
 Each child runs in its own session (process group), with its output in RUN/logs/NAME.log;
 stopping sends SIGTERM to the whole group, then SIGKILL after a grace period, so nothing is
-left behind (vLLM's engine and Celery's pool processes included). A child that dies is
+left behind (vLLM's engine and Celery's pool processes included). Descendants that left the
+group (a process that starts its own session) are tracked from /proc while the child lives
+and killed with it: otherwise a killed child's orphans can keep its port. A child that dies is
 restarted with a growing delay, at most `max_restarts` times.
 """
 
@@ -35,6 +37,8 @@ class Child:
     """Called once a restarted child is ready again (the vLLM server: push the weights)."""
     cpus: frozenset[int] | None = None
     """Cores the child may run on (None: the parent's at the time of the start)."""
+    tree: set[int] = field(default_factory=set)
+    """Its descendants as last seen (`Supervisor.watch` refreshes it)."""
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     started_at: float = 0.0
@@ -73,7 +77,15 @@ class Child:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of its group
         proc.wait()
+        self.kill_tree()
         self.proc = None
+
+    def kill_tree(self) -> None:
+        """SIGKILL what is left of the descendants last seen (and theirs)."""
+        for pid in self.tree | descendants(*self.tree):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.tree = set()
 
 
 @dataclass
@@ -107,7 +119,10 @@ class Supervisor:
         """Restart children that die until `stop` is set."""
         while not stop.is_set():
             for child in self.children:
+                if child.alive:
+                    child.tree |= descendants(child.proc.pid)  # type: ignore[union-attr]
                 if child.proc is not None and not child.alive and not stop.is_set():
+                    child.kill_tree()
                     code = child.proc.returncode
                     if child.restarts >= self.max_restarts:
                         self.events.append(f"{child.name} died (exit {code}) too often; giving up")
@@ -134,6 +149,24 @@ class Supervisor:
         """Stop every child, last started first."""
         for child in reversed(self.children):
             child.stop()
+
+
+def descendants(*roots: int) -> set[int]:
+    """Every live descendant of the `roots`, from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            parents[int(entry.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = set(roots)
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
 
 
 def _tail(path: Path, lines: int = 15) -> str:

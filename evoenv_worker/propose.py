@@ -29,6 +29,8 @@ An environment is ONE Python file with exactly one class deriving from Environme
 Only the standard library modules random, math, itertools, functools, collections, heapq,
 bisect, fractions, decimal, string, re, json, statistics, operator, typing, dataclasses, enum.
 No eval, exec, open, getattr, globals, no dunder attributes except __init__, no global state.
+The oracle attribute is exactly the string "equality" or "feasibility". Define in the file
+every helper function and constant it uses: nothing from the examples is available to it.
 A good environment is easy to solve with code (a dynamic program, a search, a checker) but
 hard to solve by reasoning in words, and its difficulty scales smoothly.
 """

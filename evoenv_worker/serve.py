@@ -18,12 +18,14 @@ the engine process it spawns together. It is started with:
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -92,6 +94,24 @@ def server_env(settings: Settings, *, gpu: bool = False) -> dict[str, str]:
     return env
 
 
+def _terminate_with(parent: int) -> Callable[[], None]:
+    """For the server process, before exec: SIGTERM it when `parent` dies (Linux
+    PR_SET_PDEATHSIG). The server has a session of its own (so that it can be stopped as a
+    group), which a kill of its starter's group does not reach: without this, `kill -9` of
+    `evoenv serve` left vLLM running and holding its port."""
+
+    def arm() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the starter died before the line above
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
+PR_SET_PDEATHSIG = 1
+
+
 @dataclass
 class VllmServer:
     """A running vLLM server process (and its process group)."""
@@ -156,6 +176,7 @@ def start_server(
         stdout=output,
         stderr=subprocess.STDOUT if output is not None else None,
         start_new_session=True,
+        preexec_fn=_terminate_with(os.getpid()),
     )
     server = VllmServer(url=url, process=process, command=command)
     if wait:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -47,20 +49,62 @@ def export(
     out.print(f"policy written to {path}", markup=False)
 
 
+class Suite(StrEnum):
+    HELD_OUT = "held-out"
+    REASONING_GYM = "reasoning-gym"
+
+
 def evaluate(
     ctx: typer.Context,
+    suite: Suite = typer.Option(
+        Suite.HELD_OUT,
+        "--suite",
+        help="held-out: our environments' evaluation seeds, graded in the sandbox by the "
+        "workers. reasoning-gym: tasks of the reasoning-gym package (fixed seed 42), scored "
+        "in this process by its own scorers; needs only the model servers.",
+    ),
     env: list[str] = typer.Option(
-        [], "--env", "-e", help="Environment names (default: the seeds)."
+        [], "--env", "-e", help="Environment names (default: the seeds); held-out only."
+    ),
+    task: list[str] = typer.Option(
+        [],
+        "--task",
+        "-t",
+        help="reasoning-gym task names (default: basic_arithmetic, chain_sum, leg_counting, "
+        "letter_counting, spell_backward, word_sorting); reasoning-gym only.",
     ),
     difficulty: int | None = typer.Option(
-        None, "--difficulty", "-d", help="Difficulty (default: serving)."
+        None,
+        "--difficulty",
+        "-d",
+        help="Difficulty (default: serving); held-out only (reasoning-gym tasks keep their "
+        "default configurations).",
     ),
     instances: int = typer.Option(
-        16, "--instances", "-n", help="Held-out instances per environment."
+        16, "--instances", "-n", min=1, help="Instances per environment or task."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Pass rate of the served policy on held-out instances, with a 95 % interval."""
+    """Pass rate of the served policy on held-out instances, with a 95 % interval.
+
+    --suite reasoning-gym: pass rate and mean score on reasoning-gym tasks (exit 3: no server).
+    """
+    from shared.errors import UsageError
+
+    if suite is Suite.REASONING_GYM:
+        if env:
+            raise UsageError(
+                "--env does not apply to --suite reasoning-gym: name tasks with --task"
+            )
+        if difficulty is not None:
+            raise UsageError(
+                "--difficulty does not apply to --suite reasoning-gym: its tasks are generated "
+                "at their default configurations"
+            )
+        _evaluate_reasoning_gym(ctx.obj, task, instances, as_json)
+        return
+    if task:
+        raise UsageError("--task applies only to --suite reasoning-gym")
     from evoenv_learner.evaluate import evaluate as run_eval
     from evoenv_learner.orchestrator import Orchestrator
     from evoenv_learner.pool import Pool, seed_pool
@@ -75,8 +119,6 @@ def evaluate(
     members = [m for m in pool.members if (m.name in env if env else m.is_seed)]
     missing = sorted(set(env) - {m.name for m in members})
     if missing:
-        from shared.errors import UsageError
-
         raise UsageError(f"not in the pool: {', '.join(missing)}")
 
     async def backlog() -> int:
@@ -108,6 +150,66 @@ def evaluate(
         "all", f"{result['pass_rate']:.2f} [{result['ci_low']:.2f}, {result['ci_high']:.2f}]"
     )
     out.print(table)
+
+
+def _evaluate_reasoning_gym(
+    settings: Settings, tasks: list[str], instances: int, as_json: bool
+) -> None:
+    """`evoenv eval --suite reasoning-gym`: a progress bar on stderr, then the table or JSON."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from evoenv_learner.external_eval import DEFAULT_TASKS, check_tasks, evaluate_suite
+    from evoenv_worker.cli.envs import EXIT_ERROR, err
+    from shared.errors import ServiceUnavailable
+    from shared.inference import InferenceError
+
+    wanted = tasks or list(DEFAULT_TASKS)
+    check_tasks(wanted)  # a usage error before any server is asked
+    progress = Progress(
+        TextColumn("reasoning-gym"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=err,
+        transient=True,
+        disable=as_json or not err.is_terminal,
+    )
+    bar = progress.add_task("eval", total=len(dict.fromkeys(wanted)) * instances)
+    try:
+        with progress:
+            result = asyncio.run(
+                evaluate_suite(settings, wanted, instances, lambda _: progress.advance(bar))
+            )
+    except (ServiceUnavailable, InferenceError) as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(EXIT_ERROR) from exc
+    if as_json:
+        out.print(json.dumps(result), markup=False)
+        return
+    out.print(_suite_table(result))
+
+
+def _suite_table(result: dict[str, Any]) -> Table:
+    table = Table(
+        title=f"reasoning-gym pass rate ({result['instances']} instances, seed {result['seed']})"
+    )
+    for column in ("task", "pass rate", "mean score", "format errors"):
+        table.add_column(column)
+    for key, value in result.items():
+        if key.startswith("pass_rate_"):
+            name = key.removeprefix("pass_rate_")
+            table.add_row(
+                name,
+                f"{value:.2f}",
+                f"{result[f'mean_score_{name}']:.2f}",
+                f"{result[f'format_errors_{name}']}/{result[f'instances_{name}']}",
+            )
+    table.add_row(
+        "all",
+        f"{result['pass_rate']:.2f} [{result['ci_low']:.2f}, {result['ci_high']:.2f}]",
+        f"{result['mean_score']:.2f}",
+        f"{result['format_errors']}/{result['instances']}",
+    )
+    return table
 
 
 def _require_workers(settings: Settings, app: object) -> None:

@@ -70,3 +70,42 @@ def test_a_child_that_keeps_dying_is_given_up(tmp_path: Path) -> None:
     assert supervisor.gave_up == "crasher" and child.restarts == 1
     assert any("too often" in event for event in supervisor.events)
     supervisor.stop_all()
+
+
+ESCAPER = """
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+time.sleep(600)
+"""
+
+
+def test_descendants_in_a_session_of_their_own_die_with_the_child(tmp_path: Path) -> None:
+    # like vLLM under `evoenv serve`: a grandchild outside the child's process group, which a
+    # kill of that group does not reach; it must not outlive the child (it would hold its port)
+    child = Child("escaper", [sys.executable, "-c", ESCAPER], dict(os.environ), tmp_path / "e.log")
+    supervisor = Supervisor()
+    supervisor.add(child)
+
+    async def scenario() -> set[int]:
+        stop = asyncio.Event()
+        child.start()
+        watcher = asyncio.create_task(supervisor.watch(stop))
+        deadline = time.monotonic() + 20
+        while not child.tree and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        escaped = set(child.tree)
+        os.killpg(child.proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        while child.restarts == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        stop.set()
+        await watcher
+        return escaped
+
+    escaped = asyncio.run(scenario())
+    assert len(escaped) == 1
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in escaped) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in escaped), "the grandchild outlived its parent"
+    supervisor.stop_all()
+    assert not any(_alive(pid) for pid in child.tree)
