@@ -170,8 +170,11 @@ async def run(
     async def push() -> float | None:
         """Publish the weights as a new version; the seconds it took, None if it failed."""
         started = time.perf_counter()
+        owed = republish is not None and republish.is_set()  # this push settles that debt
         try:
             state.version = await asyncio.to_thread(publisher.publish, trainer.model)
+            if owed:
+                republish.clear()  # type: ignore[union-attr]
         except (PushFailed, ServiceUnavailable) as exc:
             # A server down (being restarted): train on, push again next step.
             log.error("push_failed_will_retry", step=state.step, error=str(exc)[:500])
@@ -184,12 +187,12 @@ async def run(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(republish.wait(), timeout=1.0)
             if republish.is_set() and not stop.is_set():
-                republish.clear()
                 async with weights:
+                    if not republish.is_set():
+                        continue  # a step's push reached every server meanwhile
                     log.info("republish", step=state.step, version=state.version)
                     if await push() is None:
-                        republish.set()
-                        await asyncio.sleep(5.0)
+                        await asyncio.sleep(5.0)  # still owed: try again
 
     async def train() -> None:
         last_checkpoint = state.step
