@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import logging
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,15 +42,10 @@ from evoenv_worker.serve import VllmServer, start_server  # noqa: E402
 from shared.config import Settings  # noqa: E402
 from shared.inference import AsyncInferenceClient, Sampling  # noqa: E402
 from shared.logging import configure_logging  # noqa: E402
+from shared.ports import free_port  # noqa: E402
 
 CONCURRENCY = (1, 8, 32)
 PROMPT = [{"role": "user", "content": "Write a short story about a robot who learns to paint."}]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def private_redis(folder: Path) -> tuple[subprocess.Popen[bytes], str]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import random
-import socket
 import tempfile
 import time
 from collections import Counter
@@ -31,6 +30,7 @@ from evoenv_worker.static import check_static
 from evoenv_worker.validate import validate_source
 from shared.config import Settings
 from shared.inference import Sampling
+from shared.ports import free_port
 
 STAGES = ("L1", "L2", "L3", "L4", "L5", "passed")
 REPO = Path(__file__).resolve().parents[1]
@@ -42,9 +42,7 @@ def served(settings: Settings, url: str | None) -> Iterator[Settings]:
     if url:
         yield settings.model_copy(update={"vllm_urls": [url]})
         return
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     settings = settings.model_copy(
         update={
             "data_dir": REPO / ".cache" / "evoenv",

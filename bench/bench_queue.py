@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,14 +45,9 @@ from shared.config import Settings  # noqa: E402
 from shared.db import source_sha  # noqa: E402
 from shared.logging import configure_logging  # noqa: E402
 from shared.messages import CompletionRecord, EnvRef, SolverJob  # noqa: E402
+from shared.ports import free_port  # noqa: E402
 
 CLI = [sys.executable, "-c", "from evoenv_worker.cli import main; main()"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

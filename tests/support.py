@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 
+from shared.ports import free_port as free_port  # re-exported for the tests
+
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def missing(what: str) -> None:

@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from rich.table import Table
 from evoenv_worker.cli.envs import out
 from shared import keys
 from shared.config import Settings
+from shared.ports import free_port, listening
 
 
 def register(app: typer.Typer) -> None:
@@ -119,18 +119,6 @@ def _train_on(cores: frozenset[int]) -> None:
     out.print(f"learner on cores {sorted(cores)}", markup=False)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
 def _evoenv(*args: str) -> list[str]:
     return [sys.executable, "-c", "from evoenv_worker.cli import main; main()", *args]
 
@@ -154,7 +142,7 @@ async def _up(settings: Settings) -> dict[str, Any]:
     own_env: dict[str, dict[str, str]] = {}
     updates: dict[str, Any] = {}
     if "EVOENV_REDIS_URL" not in os.environ:
-        redis_port = _free_port()
+        redis_port = free_port()
         (run_dir / "redis").mkdir(exist_ok=True)
         supervisor.add(
             Child(
@@ -176,12 +164,12 @@ async def _up(settings: Settings) -> dict[str, Any]:
                 ],
                 env,
                 logs / "redis.log",
-                ready=lambda: _listening(redis_port),
+                ready=lambda: listening(redis_port),
             )
         )
         updates["redis_url"] = f"redis://127.0.0.1:{redis_port}/0"
     if "EVOENV_VLLM_URLS" not in os.environ:
-        vllm_port = settings.serve.port if not _listening(settings.serve.port) else _free_port()
+        vllm_port = settings.serve.port if not listening(settings.serve.port) else free_port()
         env["EVOENV_SERVE__PORT"] = str(vllm_port)
         url = f"http://127.0.0.1:{vllm_port}"
 
@@ -212,7 +200,7 @@ async def _up(settings: Settings) -> dict[str, Any]:
             "EVOENV_RUN": settings.run,
         }
     )
-    flower_port = settings.flower.port if not _listening(settings.flower.port) else _free_port()
+    flower_port = settings.flower.port if not listening(settings.flower.port) else free_port()
     for child in supervisor.children:
         child.env = {**env, **own_env.get(child.name, {})}
     workers = [

@@ -19,29 +19,13 @@ import pytest
 from e2e_support import evoenv
 from matplotlib import image
 
+from evoenv_learner.supervisor import descendants
 from shared.db import Archive
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "evoenv"
-
-
-def children_of(pid: int) -> set[int]:
-    """Every live descendant of `pid` (from /proc)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(fields[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
 
 
 def events(log: Path) -> list[dict[str, object]]:
@@ -76,12 +60,12 @@ def _watch_and_kill(
 ) -> tuple[set[int], dict[str, int]]:
     """Follow `up` until it ends, recording every descendant; once the first step is logged,
     SIGKILL the vLLM server and the grading worker (each a process group)."""
-    descendants: set[int] = set()
+    ever: set[int] = set()
     killed: dict[str, int] = {}
     learner_log = data_dir / "runs" / "default" / "logs" / "learner.log"
     deadline = time.monotonic() + 40 * 60
     while proc.poll() is None and time.monotonic() < deadline:
-        descendants |= children_of(proc.pid)
+        ever |= descendants(proc.pid)
         if not killed and learner_log.exists():
             seen_so_far = events(learner_log)
             if any(e.get("event") == "train_step" for e in seen_so_far):
@@ -97,7 +81,7 @@ def _watch_and_kill(
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail(f"evoenv up --steps 3 did not finish in 40 min:\n{log.read_text()[-5000:]}")
-    return descendants, killed
+    return ever, killed
 
 
 @pytest.mark.timeout(50 * 60)
@@ -112,10 +96,10 @@ def test_up_runs_three_steps_and_leaves_nothing(data_dir: Path, tmp_path: Path) 
             start_new_session=True,
         )
     try:
-        descendants, killed = _watch_and_kill(proc, data_dir, log)
+        ever, killed = _watch_and_kill(proc, data_dir, log)
     finally:
         if proc.poll() is None:  # the test failed or was interrupted: take everything down
-            for pid in children_of(proc.pid):
+            for pid in descendants(proc.pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             os.killpg(proc.pid, signal.SIGKILL)
@@ -171,5 +155,5 @@ def test_up_runs_three_steps_and_leaves_nothing(data_dir: Path, tmp_path: Path) 
     archive = Archive(f"sqlite:///{data_dir / 'archive.db'}")
     assert len(archive.metrics("default", "train")) == 3
     time.sleep(2)
-    alive = {pid for pid in descendants if Path(f"/proc/{pid}").exists()}
+    alive = {pid for pid in ever if Path(f"/proc/{pid}").exists()}
     assert not alive, f"processes left behind: {sorted(alive)}"
