@@ -118,9 +118,10 @@ class Supervisor:
     async def watch(self, stop: asyncio.Event, start_timeout: float = 300.0) -> None:
         """Restart children that die until `stop` is set."""
         while not stop.is_set():
+            parents = process_parents()  # one /proc scan a tick for every child
             for child in self.children:
                 if child.alive:
-                    child.tree |= descendants(child.proc.pid)  # type: ignore[union-attr]
+                    child.tree |= descendants(child.proc.pid, parents=parents)  # type: ignore[union-attr]
                 if child.proc is not None and not child.alive and not stop.is_set():
                     child.kill_tree()
                     code = child.proc.returncode
@@ -151,8 +152,20 @@ class Supervisor:
             child.stop()
 
 
-def descendants(*roots: int) -> set[int]:
-    """Every live descendant of the `roots`, from /proc."""
+def descendants(*roots: int, parents: dict[int, int] | None = None) -> set[int]:
+    """Every live descendant of the `roots`, from /proc (or from `parents`, a snapshot of
+    `process_parents()` shared by several calls)."""
+    parents = process_parents() if parents is None else parents
+    found: set[int] = set()
+    frontier = set(roots)
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def process_parents() -> dict[int, int]:
+    """pid -> parent pid of every live process, from /proc."""
     parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -161,12 +174,7 @@ def descendants(*roots: int) -> set[int]:
             except (OSError, IndexError):
                 continue
             parents[int(entry.name)] = int(fields[1])
-    found: set[int] = set()
-    frontier = set(roots)
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
+    return parents
 
 
 def _tail(path: Path, lines: int = 15) -> str:
