@@ -8,7 +8,15 @@
 #   EVOENV_VLLM_URLS                        every vLLM server to push weights to
 #   EVOENV_MODEL, EVOENV_DATA_DIR, EVOENV_RUN
 #   EVOENV_GRPO__*, EVOENV_LEARNER__*       the objective, batch, staleness, checkpoints, pushes
-# One training device (GPU when present, else CPU); multi-GPU training is not wired yet.
+# One training device (GPU when present, else CPU). `--gpus N` (first argument) trains data
+# parallel on N GPUs of this host through torchrun: rank 0 is the learner, the other ranks
+# train their share of every batch (see evoenv_learner/distributed.py).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+if [[ "${1:-}" == "--gpus" ]]; then
+    gpus="${2:?--gpus needs a number}"
+    shift 2
+    exec "$(dirname "$EVOENV")/torchrun" --standalone --nproc_per_node "$gpus" --no-python \
+        "$EVOENV" learner --resume "$@"
+fi
 exec "$EVOENV" learner --resume "$@"

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 
-from evoenv_learner.loop import run
+from evoenv_learner.loop import run_process
 from shared.config import Settings
 from shared.logging import configure_logging
 
@@ -13,7 +12,7 @@ from shared.logging import configure_logging
 def main() -> None:
     settings = Settings()
     configure_logging(settings.log_format, settings.log_level)
-    asyncio.run(run(settings, resume="--resume" in sys.argv[1:]))
+    run_process(settings, resume="--resume" in sys.argv[1:])
 
 
 if __name__ == "__main__":

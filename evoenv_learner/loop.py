@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 import structlog
 
 from evoenv_learner.consumer import RolloutConsumer
+from evoenv_learner.distributed import DataParallel
 from evoenv_learner.evaluate import evaluate
 from evoenv_learner.grpo import group_advantages
 from evoenv_learner.metrics import MetricsSink
@@ -55,11 +56,15 @@ async def run(
     resume: bool = False,
     on_step: Any = None,
     republish: asyncio.Event | None = None,
+    parallel: DataParallel | None = None,
 ) -> LearnerState:
     """Run the learner until `learner.steps` steps are done (0: until stopped).
 
     Setting `republish` (e.g. when a model server was restarted, and serves the base weights
-    again) pushes the current weights as a new version as soon as no step is running."""
+    again) pushes the current weights as a new version as soon as no step is running.
+
+    With `parallel` (rank 0 of a torchrun group, see `distributed.py`), the other ranks train
+    beside this one: they get the model folder here and the steps through the trainer."""
     from evoenv_learner.publisher import PushFailed, ReloadPublisher
     from evoenv_learner.trainer import Trainer, latest_checkpoint
     from evoenv_worker.app import configure
@@ -77,7 +82,15 @@ async def run(
         settings.redis_url, socket_connect_timeout=settings.worker.connect_timeout
     )
     model_path = await asyncio.to_thread(prepare_model, settings)
-    trainer = await asyncio.to_thread(Trainer, model_path, settings.grpo)
+    if parallel is not None:
+        parallel.broadcast(str(model_path))  # the followers build their replicas from it
+    trainer = await asyncio.to_thread(
+        Trainer,
+        model_path,
+        settings.grpo,
+        device=parallel.device if parallel else None,
+        parallel=parallel,
+    )
     publisher = ReloadPublisher(
         settings.vllm_urls, sync_redis, run_dir / "weights", current=model_path
     )
@@ -251,12 +264,26 @@ async def run(
             if republish is not None:
                 group.create_task(republisher())
     finally:
+        await asyncio.to_thread(trainer.close)
         metrics.close()
         publisher.close()
         await client.aclose()
         sync_redis.close()
     log.info("learner_stopped", step=state.step, version=state.version, funnel=state.funnel)
     return state
+
+
+def run_process(settings: Settings, *, resume: bool = False) -> LearnerState | None:
+    """This process's part of the learner: all of it in one process, or, when started by
+    torchrun on several devices, rank 0's (all of it, its steps shared) or a follower's (None
+    is returned when rank 0 says stop)."""
+    from evoenv_learner.distributed import follow
+
+    parallel = DataParallel.from_env()
+    if parallel is not None and not parallel.leader:
+        follow(settings, parallel)
+        return None
+    return asyncio.run(run(settings, resume=resume, parallel=parallel))
 
 
 def _record_gradings(pool: Pool, group: GradedGroup) -> None:

@@ -18,6 +18,10 @@ A folder is written under a temporary name, fsynced, then renamed: a folder with
 is always complete. The last `keep` are kept.
 
 Synchronous throughout; the asyncio learner calls it through `asyncio.to_thread`.
+
+Data parallel (`parallel`, see `distributed.py`): rank 0's `step` and `load_checkpoint` first
+send the command to the other ranks, which run `follow()`; each rank runs its share of the
+micro-batches and the gradients and figures are summed across ranks before the optimiser step.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from evoenv_learner.distributed import DataParallel
 from evoenv_learner.grpo import Role, group_advantages, grpo_loss, token_entropy, token_logprobs
 from evoenv_learner.logprobs import head_logprobs
 from shared.config import GrpoSettings
@@ -119,8 +124,10 @@ class Trainer:
         temperatures: Mapping[str, float] | None = None,
         gradient_checkpointing: bool | None = None,
         compute_entropy: bool = True,
+        parallel: DataParallel | None = None,
     ) -> None:
         self.model_path = Path(model_path)
+        self.parallel = parallel
         self.settings = settings
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.temperatures = {
@@ -167,6 +174,30 @@ class Trainer:
 
     def step(self, groups: Sequence[GradedGroup]) -> StepMetrics:
         """One optimiser step over `groups` (gradient accumulation over micro-batches)."""
+        if self.parallel is not None and self.parallel.leader:
+            self.parallel.broadcast(("step", list(groups)))
+        return self._step(groups)
+
+    def follow(self) -> None:
+        """A rank other than 0: carry out rank 0's commands until it sends stop."""
+        assert self.parallel is not None and not self.parallel.leader
+        log.info("follower_ready", rank=self.parallel.rank)
+        while True:
+            command = self.parallel.broadcast()
+            if command[0] == "step":
+                self._step(command[1])
+            elif command[0] == "load":
+                self._load_checkpoint(command[1])
+            else:
+                log.info("follower_stopped", rank=self.parallel.rank, step=self.step_count)
+                return
+
+    def close(self) -> None:
+        """Rank 0: tell the other ranks to stop (nothing to do in one process)."""
+        if self.parallel is not None and self.parallel.leader:
+            self.parallel.broadcast(("stop",))
+
+    def _step(self, groups: Sequence[GradedGroup]) -> StepMetrics:
         start = time.perf_counter()
         sequences, skipped, env_errors = self.build_sequences(groups)
         metrics = StepMetrics(
@@ -183,8 +214,12 @@ class Trainer:
         if sequences:
             self.optimizer.zero_grad(set_to_none=True)
             size = self.settings.micro_batch
-            for first in range(0, len(sequences), size):
-                self._accumulate(sequences[first : first + size], metrics)
+            chunks = [sequences[first : first + size] for first in range(0, len(sequences), size)]
+            mine = self.parallel.mine(len(chunks)) if self.parallel else range(len(chunks))
+            for index in mine:
+                self._accumulate(chunks[index], metrics)
+            if self.parallel is not None:
+                self._sum_over_ranks(metrics)
             self._optimizer_step(metrics)
         metrics.step = self.step_count
         metrics.seconds = time.perf_counter() - start
@@ -220,6 +255,17 @@ class Trainer:
         metrics.kl += part.kl * weight
         metrics.entropy += entropy / metrics.tokens
         metrics.total_tokens += int(batch.attention_mask.sum().item())
+
+    def _sum_over_ranks(self, metrics: StepMetrics) -> None:
+        """Each rank ran its share of the micro-batches: sum gradients and figures."""
+        assert self.parallel is not None
+        self.parallel.sum_gradients(p for p in self.model.parameters() if p.requires_grad)
+        names = ("loss", "policy_loss", "clip_fraction", "ratio_mean", "kl", "entropy")
+        values = [getattr(metrics, name) for name in names] + [metrics.total_tokens]
+        summed = self.parallel.sum_floats(values)
+        for name, value in zip(names, summed, strict=False):
+            setattr(metrics, name, value)
+        metrics.total_tokens = round(summed[-1])
 
     def _optimizer_step(self, metrics: StepMetrics) -> None:
         """Clip the gradient norm and step; a non-finite gradient skips the update."""
@@ -366,6 +412,11 @@ class Trainer:
         """Restore weights, optimiser state, step and RNG state from a checkpoint folder (or
         the latest one under a root); return the `extra` dict it was saved with. The learning
         rate and weight decay are then set from the current settings."""
+        if self.parallel is not None and self.parallel.leader:
+            self.parallel.broadcast(("load", str(path)))
+        return self._load_checkpoint(path)
+
+    def _load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         path = Path(path)
         if not (path / STATE_FILE).is_file():
             latest = latest_checkpoint(path)

@@ -27,14 +27,16 @@ def learner(
     steps: int | None = typer.Option(None, "--steps", help="Stop after this many optimiser steps."),
 ) -> None:
     """Run the learner (orchestrator, trainer, weight pushes) until stopped or --steps."""
-    from evoenv_learner.loop import run
+    from evoenv_learner.loop import run_process
 
     settings: Settings = ctx.obj
     if steps is not None:
         settings = settings.model_copy(
             update={"learner": settings.learner.model_copy(update={"steps": steps})}
         )
-    state = asyncio.run(run(settings, resume=resume))
+    state = run_process(settings, resume=resume)
+    if state is None:  # a follower rank under torchrun
+        return
     out.print(f"stopped at step {state.step}, policy version {state.version}", markup=False)
 
 
