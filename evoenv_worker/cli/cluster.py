@@ -40,7 +40,7 @@ def _app(settings: Settings) -> Any:
     return configure(settings)
 
 
-def _redis_or_exit(settings: Settings) -> Any:
+def redis_or_exit(settings: Settings) -> Any:
     from shared.redis_client import connect
 
     try:
@@ -71,7 +71,7 @@ def worker(
         raise UsageError(
             f"unknown queue(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(keys.QUEUES)}"
         )
-    _redis_or_exit(settings).close()
+    redis_or_exit(settings).close()
     io_only = wanted == [keys.GENERATION_QUEUE]
     pool = pool or ("threads" if io_only else "prefork")
     if concurrency is None:
@@ -100,7 +100,7 @@ def worker(
 def flower(ctx: typer.Context) -> None:
     """Start Flower on the queues (address, port and basic auth from EVOENV_FLOWER__*)."""
     settings: Settings = ctx.obj
-    _redis_or_exit(settings).close()
+    redis_or_exit(settings).close()
     app = _app(settings)
     argv = ["flower", f"--address={settings.flower.address}", f"--port={settings.flower.port}"]
     if settings.flower.basic_auth:
@@ -123,13 +123,25 @@ def workers_on(app: Any, timeout: float = 1.5) -> dict[str, list[str]]:
     return {node: sorted(q["name"] for q in queues) for node, queues in replies.items()}
 
 
+def unconsumed(app: Any, queues: Sequence[str]) -> tuple[list[str], str]:
+    """The queues of `queues` no live worker consumes, and one line saying how to fix it."""
+    consumed = {queue for names in workers_on(app).values() for queue in names}
+    missing = [queue for queue in queues if queue not in consumed]
+    message = (
+        f"no worker is consuming the {' and '.join(repr(q) for q in missing)} "
+        f"queue{'s' if len(missing) > 1 else ''}; start one with "
+        f"deploy/worker.sh --queues {','.join(missing)}"
+    )
+    return missing, message
+
+
 def status(
     ctx: typer.Context,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Queue depths, workers alive, jobs in flight, dead letters, rollout stream, policy version."""
     settings: Settings = ctx.obj
-    client = _redis_or_exit(settings)
+    client = redis_or_exit(settings)
     app = _app(settings)
     inspect = app.control.inspect(timeout=1.5)
     active = inspect.active() or {}
@@ -178,7 +190,7 @@ def job(
 ) -> None:
     """Show the state or result of a validation job."""
     settings: Settings = ctx.obj
-    _redis_or_exit(settings).close()
+    redis_or_exit(settings).close()
     app = _app(settings)
     result = app.AsyncResult(job_id)
     if result.state == "SUCCESS":
@@ -203,14 +215,10 @@ def validate_on_queue(
 ) -> list[ValidationReport]:
     """`evoenv validate --queue`: one job per file on the validation queue (the model stages,
     if asked, then run as jobs on their own queues); the reports in the order they finish."""
-    client = _redis_or_exit(settings)
+    client = redis_or_exit(settings)
     app = _app(settings)
-    consumers = [n for n, q in workers_on(app).items() if keys.VALIDATION_QUEUE in q]
-    if not consumers:
-        message = (
-            f"no worker is consuming the '{keys.VALIDATION_QUEUE}' queue; start one with "
-            f"deploy/worker.sh --queues {keys.VALIDATION_QUEUE}"
-        )
+    missing, message = unconsumed(app, [keys.VALIDATION_QUEUE])
+    if missing:
         if wait:
             err.print(f"error: {message}", markup=False)
             raise typer.Exit(EXIT_ERROR)

@@ -217,17 +217,12 @@ def _suite_table(result: dict[str, Any]) -> Table:
 def _require_workers(settings: Settings, app: object) -> None:
     """Exit with one line when no worker consumes a queue the evaluation's jobs need (they
     would wait forever)."""
-    from evoenv_worker.cli.cluster import _redis_or_exit, workers_on
+    from evoenv_worker.cli.cluster import redis_or_exit, unconsumed
     from evoenv_worker.cli.envs import EXIT_ERROR, err
     from shared import keys
 
-    _redis_or_exit(settings)
-    consumed = {queue for queues in workers_on(app).values() for queue in queues}
-    missing = [q for q in (keys.GRADING_QUEUE, keys.GENERATION_QUEUE) if q not in consumed]
+    redis_or_exit(settings).close()
+    missing, message = unconsumed(app, [keys.GRADING_QUEUE, keys.GENERATION_QUEUE])
     if missing:
-        err.print(
-            f"error: no worker is consuming the {', '.join(repr(q) for q in missing)} "
-            f"queue(s); start one with deploy/worker.sh --queues {','.join(missing)}",
-            markup=False,
-        )
+        err.print(f"error: {message}", markup=False)
         raise typer.Exit(EXIT_ERROR)
