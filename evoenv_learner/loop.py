@@ -158,6 +158,7 @@ async def run(
                         state.funnel[outcome] = state.funnel.get(outcome, 0) + 1
                 elif group.data.get("over_budget"):
                     orchestrator.over_budget(group.env_sha, group.difficulty)
+                    orchestrator.solver_settled(group.group_id, trained=False)
                     continue
                 else:
                     await asyncio.to_thread(_record_gradings, pool, group)
@@ -169,7 +170,10 @@ async def run(
                         len(scored),
                     )
                 rewards = [c.reward for c in group.completions]
-                if group_advantages(rewards, group.role, settings.grpo) is None:
+                trainable = group_advantages(rewards, group.role, settings.grpo) is not None
+                if group.role != "generator":
+                    orchestrator.solver_settled(group.group_id, trained=trainable)
+                if not trainable:
                     state.skipped_groups += 1  # no reward variance: nothing to learn from
                     log.info(
                         "group_skipped", group=group.group_id, role=group.role, rewards=rewards
@@ -221,6 +225,7 @@ async def run(
                     step_metrics = await asyncio.to_thread(trainer.step, batch)
                     if trainer.step_count == state.step:
                         log.warning("step_not_taken", groups=len(batch))
+                        orchestrator.batch_trained()
                         continue
                     state.step = trainer.step_count
                     values = step_metrics.as_dict()
@@ -250,6 +255,7 @@ async def run(
                 if state.step % settings.learner.eval_every == 0:
                     result = await evaluate(settings, orchestrator, stop)
                     await asyncio.to_thread(metrics.eval, state.step, state.version, result)
+                orchestrator.batch_trained()  # synchronous mode: its next round starts
         finally:
             stop.set()
             if state.step > last_checkpoint or consumer.has_unacknowledged:

@@ -17,6 +17,12 @@ restart searches again only the environments whose search had not finished. Seed
 searched (`awaits_search`). The admission gate and the generator's reward keep the fixed
 calibration difficulty: nothing here touches them.
 
+Synchronous mode (`learner.synchronous`, the baseline of bench/bench_async.py): rounds of
+exactly `grpo.batch_groups` solver groups at the current policy version. A round's groups are
+pending until the learner's consumer settles them (`solver_settled`: trained, or not trained
+and replaced); nothing more is sent until the trainer says the batch was trained and its
+weights pushed (`batch_trained`), which starts the next round at once. No generation groups.
+
 Backpressure: nothing new is sent while the stream holds more unread groups than
 `learner.stream_backlog`. The orchestrator never imports environment code: it reads the class
 attributes it needs (name, oracle, difficulty range) from the source's syntax tree.
@@ -83,23 +89,61 @@ class Orchestrator:
     _outcomes: dict[str, list[float]] = field(default_factory=dict)
     _search_given_up: set[str] = field(default_factory=set)
     """Environments whose search measured nothing in this process (searched again on restart)."""
+    round_pending: set[str] = field(default_factory=set)
+    """Synchronous mode: this round's solver groups sent and not yet settled."""
+    round_trained: int = 0
+    """Synchronous mode: this round's groups that went to the trainer."""
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def run(self, stop: asyncio.Event) -> None:
         from evoenv_worker import tasks
 
+        synchronous = self.settings.learner.synchronous
+        if synchronous and self.settings.learner.generator_groups_in_flight:
+            log.warning("synchronous_mode", detail="no generation groups are sent")
         while not stop.is_set():
             self._reap()
             if await self.backlog() < self.settings.learner.stream_backlog:
-                while len(self.solver_in_flight) < self.settings.learner.solver_groups_in_flight:
+                for _ in range(self.solver_wanted()):
                     self._send_solver()
-                while (
+                while not synchronous and (
                     len(self.generator_in_flight) < self.settings.learner.generator_groups_in_flight
                 ):
                     self._send_generator(tasks)
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=0.5)
-            except TimeoutError:
-                pass
+            await self._pause(stop, 0.5)
+
+    async def _pause(self, stop: asyncio.Event, seconds: float) -> None:
+        """Until `stop`, `batch_trained` or `seconds` have passed, whichever comes first."""
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+            self._wake.clear()
+
+    def solver_wanted(self) -> int:
+        """Solver groups to send now: up to `solver_groups_in_flight` in flight; in synchronous
+        mode, what the round lacks of `grpo.batch_groups` (settled untrained ones replaced)."""
+        if self.settings.learner.synchronous:
+            have = self.round_trained + len(self.round_pending)
+            return max(0, self.settings.grpo.batch_groups - have)
+        return max(0, self.settings.learner.solver_groups_in_flight - len(self.solver_in_flight))
+
+    def solver_settled(self, group_id: str, trained: bool) -> None:
+        """A solver group reached the learner: queued for training, or left out (no reward
+        variance, over budget). Synchronous mode counts it in its round, or replaces it."""
+        if group_id in self.round_pending:
+            self.round_pending.discard(group_id)
+            self.round_trained += trained
+            if not trained:
+                self._wake.set()
+
+    def batch_trained(self) -> None:
+        """The trainer took a batch, stepped and pushed: synchronous mode's next round."""
+        if self.settings.learner.synchronous:
+            self.round_trained = max(0, self.round_trained - self.settings.grpo.batch_groups)
+            self._wake.set()
 
     def generation_done(self, group_id: str) -> None:
         """A generation group reached the stream."""
@@ -126,11 +170,13 @@ class Orchestrator:
                 # flight; if it completes later it still lands in the stream, once.
                 del self.solver_in_flight[group_id]
                 self._sent_at.pop(group_id, None)
+                self.round_pending.discard(group_id)  # replaced in its round
                 log.warning("solver_group_overdue", group_id=group_id, seconds=round(patience))
             elif result.ready():
                 del self.solver_in_flight[group_id]
                 self._sent_at.pop(group_id, None)
                 if result.failed():
+                    self.round_pending.discard(group_id)  # it never reaches the stream
                     log.warning(
                         "solver_group_failed", group_id=group_id, error=str(result.result)[:300]
                     )
@@ -234,6 +280,8 @@ class Orchestrator:
         result = self.send_chain(job)
         self.solver_in_flight[job.group_id] = result
         self._sent_at[job.group_id] = time.monotonic()
+        if self.settings.learner.synchronous:
+            self.round_pending.add(job.group_id)
         self.pool.record_use(job.env.sha)
         self.sent["solver"] += 1
 

@@ -98,33 +98,33 @@ def stage_job_for(ctx: WorkerContext, job: ValidateJob) -> StageJob | None:
     (seed 0, the middle difficulty) from the sandbox; None if it cannot be sampled."""
     settings = ctx.settings
     run = run_of(job, settings)
-    meta = ctx.sandbox().run(job.source, [{"op": "describe"}], filename=job.file)[0]
-    lo, hi = int(meta.value["min_difficulty"]), int(meta.value["max_difficulty"])
-    difficulty = settings.admission.calibration_difficulty
-    difficulty = (lo + hi) // 2 if difficulty is None else min(max(difficulty, lo), hi)
-    (trace,) = ctx.sandbox().run(
-        job.source, [{"op": "instance", "seed": 0, "difficulty": (lo + hi) // 2}], filename=job.file
-    )
-    if not trace.ok:
+    from evoenv_worker.model_stages import trace_instance
+
+    traced = trace_instance(ctx.sandbox(), job.source, job.file)
+    if traced is None:
         return None
+    meta, trace = traced
+    lo, hi = int(meta["min_difficulty"]), int(meta["max_difficulty"])
+    difficulty = settings.admission.calibration_difficulty
+    difficulty = trace["difficulty"] if difficulty is None else min(max(difficulty, lo), hi)
     rng = random.Random(f"calibration:{job.job_id}")
     seeds = [
         rng.randrange(TRAIN_SEEDS.start, TRAIN_SEEDS.stop)
         for _ in range(settings.admission.calibration_instances)
     ]
-    env = EnvRef(name=str(meta.value["name"]), sha=source_sha(job.source), source=job.source)
+    env = EnvRef(name=str(meta["name"]), sha=source_sha(job.source), source=job.source)
     return StageJob(
         job_id=job.job_id,
         run=run,
         env=env,
-        oracle=str(meta.value["oracle"]),
+        oracle=str(meta["oracle"]),
         difficulty=difficulty,
         trace=Trace(
-            seed=0,
-            difficulty=(lo + hi) // 2,
-            prompt=build_prompt(trace.value["prompt"]),
-            reference=trace.value["reference"],
-            answer_text=trace.value["answer_text"],
+            seed=trace["seed"],
+            difficulty=trace["difficulty"],
+            prompt=build_prompt(trace["prompt"]),
+            reference=trace["reference"],
+            answer_text=trace["answer_text"],
         ),
         seeds=seeds,
     )

@@ -151,25 +151,29 @@ def pool_embeddings(ctx: WorkerContext, exclude_sha: str) -> list[tuple[str, Any
             continue  # the same file is not a copy of itself
         embedding = EnvEmbedding.from_json(row.embedding)
         if embedding is None:
-            prompt = _trace_prompt(ctx.sandbox(), row.source, row.name)
-            if prompt is None:
+            traced = trace_instance(ctx.sandbox(), row.source, f"{row.name}.py")
+            if traced is None:
                 continue
+            prompt = build_prompt(traced[1]["prompt"])
             embedding = embedder.embed_environment(row.source, prompt)
             archive.update_environment(row.sha, embedding=embedding.to_json())
         out.append((row.name, embedding))
     return out
 
 
-def _trace_prompt(sandbox: Sandbox, source: str, name: str) -> str | None:
-    """The rendered prompt at seed 0 and the middle difficulty (what novelty compares)."""
-    (meta,) = sandbox.run(source, [{"op": "describe"}], filename=f"{name}.py")
+def trace_instance(
+    sandbox: Sandbox, source: str, filename: str
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The environment's class attributes and its traced instance: seed 0 at the middle
+    difficulty (what the reviewer reads and novelty compares); None if either fails."""
+    (meta,) = sandbox.run(source, [{"op": "describe"}], filename=filename)
     if not meta.ok:
         return None
     middle = (int(meta.value["min_difficulty"]) + int(meta.value["max_difficulty"])) // 2
     (result,) = sandbox.run(
-        source, [{"op": "instance", "seed": 0, "difficulty": middle}], filename=f"{name}.py"
+        source, [{"op": "instance", "seed": 0, "difficulty": middle}], filename=filename
     )
-    return build_prompt(result.value["prompt"]) if result.ok else None
+    return (meta.value, {**result.value, "seed": 0, "difficulty": middle}) if result.ok else None
 
 
 def novelty_stage(ctx: WorkerContext, job: StageJob) -> StageReport:

@@ -244,6 +244,11 @@ class LearnerSettings(BaseModel):
     """Share of trained groups that are generator groups (the solver/generator mix)."""
     stream_backlog: int = Field(16, ge=1)
     """Submit no new jobs while this many graded groups wait unread in the stream."""
+    synchronous: bool = False
+    """The synchronous baseline (bench/bench_async.py): send `grpo.batch_groups` solver groups
+    at the current policy version, then nothing until they are trained and the new weights
+    pushed; a group not trained (no reward variance, over budget, failed) is replaced in its
+    round. No generation groups are sent; `solver_groups_in_flight` does not apply."""
     checkpoint_every: int = Field(5, ge=1)
     """Write a checkpoint every N optimiser steps (and on shutdown)."""
     keep_checkpoints: int = Field(2, ge=1)

@@ -1,12 +1,15 @@
-"""The orchestrator's difficulty tracking (pure: no services)."""
+"""The orchestrator's difficulty tracking and synchronous mode's gating (pure: no services)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 from evoenv_learner.orchestrator import LEVEL_WINDOW, Orchestrator
 from evoenv_learner.pool import PoolEntry
 from shared.config import Settings
+from shared.messages import SolverJob
 
 SEED = Path(__file__).resolve().parents[2] / "seeds" / "sort_words.py"
 
@@ -56,3 +59,91 @@ def test_an_over_budget_prompt_lowers_the_ceiling() -> None:
     orchestrator.levels["s"] = 6
     orchestrator.over_budget("s", 6)
     assert orchestrator.difficulty(entry) == 5
+
+
+class Pending:
+    """A chain's AsyncResult that never finishes (the group is settled by the learner)."""
+
+    def ready(self) -> bool:
+        return False
+
+
+class OnePool:
+    def __init__(self, entry: PoolEntry) -> None:
+        self.members = [entry]
+
+    def record_use(self, sha: str) -> None:
+        pass
+
+
+def sending(learner: dict[str, Any]) -> tuple[Orchestrator, list[str]]:
+    """An orchestrator on `sort_words` with batches of 2 whose chains are recorded, not sent."""
+    _, entry = make()
+    settings = Settings(
+        learner={"environments": ["sort_words"], "generator_groups_in_flight": 0, **learner},
+        grpo={"batch_groups": 2},
+    )
+    orchestrator = Orchestrator(settings, pool=OnePool(entry), backlog=no_backlog)  # type: ignore[arg-type]
+    sent: list[str] = []
+
+    def send_chain(job: SolverJob) -> Pending:
+        sent.append(job.group_id)
+        return Pending()
+
+    orchestrator.send_chain = send_chain  # type: ignore[method-assign]
+    return orchestrator, sent
+
+
+async def settle(sent: list[str], count: int) -> None:
+    """Until `count` groups were sent (the orchestrator polls every 0.5 s), or fail."""
+    for _ in range(100):
+        if len(sent) >= count:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)  # and nothing more is sent meanwhile
+    assert len(sent) == count
+
+
+def test_synchronous_mode_sends_one_batch_per_pushed_step() -> None:
+    asyncio.run(synchronous_round())
+
+
+def test_asynchronous_mode_keeps_its_groups_in_flight() -> None:
+    asyncio.run(asynchronous_flight())
+
+
+async def synchronous_round() -> None:
+    orchestrator, sent = sending({"synchronous": True, "solver_groups_in_flight": 8})
+    stop = asyncio.Event()
+    task = asyncio.create_task(orchestrator.run(stop))
+    try:
+        await settle(sent, 2)  # one batch, whatever solver_groups_in_flight says
+        await asyncio.sleep(0.6)  # the next polls send nothing more
+        assert len(sent) == 2
+        orchestrator.solver_settled(sent[0], trained=False)  # no reward variance
+        await settle(sent, 3)  # replaced at once, in the same round
+        orchestrator.solver_settled(sent[1], trained=True)
+        orchestrator.solver_settled(sent[2], trained=True)
+        orchestrator.solver_settled("an old group", trained=True)  # not of this round
+        await asyncio.sleep(0.6)
+        assert len(sent) == 3  # the batch is full: nothing until it is trained and pushed
+        orchestrator.batch_trained()
+        await settle(sent, 5)  # the next round starts at once, not at the next poll
+    finally:
+        stop.set()
+        await task
+
+
+async def asynchronous_flight() -> None:
+    orchestrator, sent = sending({"solver_groups_in_flight": 3})
+    stop = asyncio.Event()
+    task = asyncio.create_task(orchestrator.run(stop))
+    try:
+        await settle(sent, 3)
+        orchestrator.solver_settled(sent[0], trained=True)  # still in flight: no round
+        orchestrator.batch_trained()
+        await asyncio.sleep(0.1)
+        assert len(sent) == 3
+    finally:
+        stop.set()
+        await task
