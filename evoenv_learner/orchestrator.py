@@ -55,6 +55,8 @@ LEVEL_WINDOW = 4
 """Solver groups observed at a level before it may move."""
 LEVEL_BAND = 0.25
 """How far the pass rate may stray from the target before the level moves."""
+SEND_POLL_SECONDS = 0.5
+"""How often `run` reaps finished chains and sends new groups (sooner when woken)."""
 SEARCH_POLL_SECONDS = 5.0
 """How often `search_serving` looks again for an environment awaiting its search."""
 
@@ -110,7 +112,7 @@ class Orchestrator:
                     len(self.generator_in_flight) < self.settings.learner.generator_groups_in_flight
                 ):
                     self._send_generator(tasks)
-            await self._pause(stop, 0.5)
+            await self._pause(stop, SEND_POLL_SECONDS)
 
     async def _pause(self, stop: asyncio.Event, seconds: float) -> None:
         """Until `stop`, `batch_trained` or `seconds` have passed, whichever comes first."""

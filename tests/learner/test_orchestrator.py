@@ -6,6 +6,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from evoenv_learner import orchestrator as orchestrator_module
 from evoenv_learner.orchestrator import LEVEL_WINDOW, Orchestrator
 from evoenv_learner.pool import PoolEntry
 from shared.config import Settings
@@ -94,21 +97,23 @@ def sending(learner: dict[str, Any]) -> tuple[Orchestrator, list[str]]:
     return orchestrator, sent
 
 
-async def settle(sent: list[str], count: int) -> None:
-    """Until `count` groups were sent (the orchestrator polls every 0.5 s), or fail."""
-    for _ in range(100):
-        if len(sent) >= count:
-            break
+async def sent_now(orchestrator: Orchestrator, sent: list[str], poke: bool = True) -> int:
+    """How many groups were sent once the orchestrator has looked again (`poke`: a poll now;
+    without, only what wakes it by itself: its own poll is an hour away)."""
+    if poke:
+        orchestrator._wake.set()
+    for _ in range(5):
         await asyncio.sleep(0.01)
-    await asyncio.sleep(0.05)  # and nothing more is sent meanwhile
-    assert len(sent) == count
+    return len(sent)
 
 
-def test_synchronous_mode_sends_one_batch_per_pushed_step() -> None:
+def test_synchronous_mode_sends_one_batch_per_pushed_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(orchestrator_module, "SEND_POLL_SECONDS", 3600.0)
     asyncio.run(synchronous_round())
 
 
-def test_asynchronous_mode_keeps_its_groups_in_flight() -> None:
+def test_asynchronous_mode_keeps_its_groups_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(orchestrator_module, "SEND_POLL_SECONDS", 3600.0)
     asyncio.run(asynchronous_flight())
 
 
@@ -117,18 +122,17 @@ async def synchronous_round() -> None:
     stop = asyncio.Event()
     task = asyncio.create_task(orchestrator.run(stop))
     try:
-        await settle(sent, 2)  # one batch, whatever solver_groups_in_flight says
-        await asyncio.sleep(0.6)  # the next polls send nothing more
-        assert len(sent) == 2
+        assert await sent_now(orchestrator, sent, poke=False) == 2  # one batch, not 8
+        assert await sent_now(orchestrator, sent) == 2  # later polls send nothing more
         orchestrator.solver_settled(sent[0], trained=False)  # no reward variance
-        await settle(sent, 3)  # replaced at once, in the same round
+        assert await sent_now(orchestrator, sent, poke=False) == 3  # replaced at once
         orchestrator.solver_settled(sent[1], trained=True)
         orchestrator.solver_settled(sent[2], trained=True)
         orchestrator.solver_settled("an old group", trained=True)  # not of this round
-        await asyncio.sleep(0.6)
-        assert len(sent) == 3  # the batch is full: nothing until it is trained and pushed
+        assert await sent_now(orchestrator, sent) == 3  # full: nothing until trained and pushed
         orchestrator.batch_trained()
-        await settle(sent, 5)  # the next round starts at once, not at the next poll
+        assert await sent_now(orchestrator, sent, poke=False) == 5  # the next round, at once
+        assert await sent_now(orchestrator, sent) == 5
     finally:
         stop.set()
         await task
@@ -139,11 +143,10 @@ async def asynchronous_flight() -> None:
     stop = asyncio.Event()
     task = asyncio.create_task(orchestrator.run(stop))
     try:
-        await settle(sent, 3)
-        orchestrator.solver_settled(sent[0], trained=True)  # still in flight: no round
+        assert await sent_now(orchestrator, sent, poke=False) == 3
+        orchestrator.solver_settled(sent[0], trained=True)  # still in flight: no rounds here
         orchestrator.batch_trained()
-        await asyncio.sleep(0.1)
-        assert len(sent) == 3
+        assert await sent_now(orchestrator, sent) == 3
     finally:
         stop.set()
         await task
