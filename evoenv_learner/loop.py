@@ -65,8 +65,9 @@ async def run(
 
     With `parallel` (rank 0 of a torchrun group, see `distributed.py`), the other ranks train
     beside this one: they get the model folder here and the steps through the trainer."""
+    from evoenv_learner.checkpoints import latest_checkpoint
     from evoenv_learner.publisher import PushFailed, ReloadPublisher
-    from evoenv_learner.trainer import Trainer, latest_checkpoint
+    from evoenv_learner.trainer import Trainer
     from evoenv_worker.app import configure
     from evoenv_worker.models import prepare_model
     from shared.redis_client import connect
@@ -329,7 +330,8 @@ async def _batch(
 
 def export(settings: Settings, folder: Path) -> Path:
     """The policy of the run's last checkpoint as a Hugging Face folder."""
-    from evoenv_learner.trainer import Trainer, latest_checkpoint
+    from evoenv_learner.checkpoints import latest_checkpoint
+    from evoenv_learner.trainer import Trainer
     from evoenv_worker.models import prepare_model
     from shared.errors import UsageError
 

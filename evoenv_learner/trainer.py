@@ -15,7 +15,7 @@ compare deterministic forward passes.
 Checkpoints are folders `step-00000012/` under a root, each holding `model/` (save_pretrained,
 with the tokenizer), `optimizer.pt`, `rng.pt` and `state.json` (step and the caller's `extra`).
 A folder is written under a temporary name, fsynced, then renamed: a folder with a final name
-is always complete. The last `keep` are kept.
+is always complete (`checkpoints.py`). The last `keep` are kept.
 
 Synchronous throughout; the asyncio learner calls it through `asyncio.to_thread`.
 
@@ -28,12 +28,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import random
 import shutil
 import time
-import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +40,15 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from evoenv_learner.checkpoints import (
+    CHECKPOINT_PREFIX,
+    STATE_FILE,
+    atomic_dir,
+    latest_checkpoint,
+    list_checkpoints,
+    rng_state,
+    set_rng_state,
+)
 from evoenv_learner.distributed import DataParallel
 from evoenv_learner.grpo import Role, group_advantages, grpo_loss, token_entropy, token_logprobs
 from evoenv_learner.logprobs import head_logprobs
@@ -51,8 +57,6 @@ from shared.messages import GradedGroup
 
 log = structlog.get_logger(__name__)
 
-CHECKPOINT_PREFIX = "step-"
-STATE_FILE = "state.json"
 ENTROPY_CHUNK = 256
 """Rows of logits per chunk when computing the entropy metric (bounds its memory)."""
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
@@ -396,7 +400,7 @@ class Trainer:
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(tmp / "model")
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            torch.save(_rng_state(), tmp / "rng.pt")
+            torch.save(rng_state(), tmp / "rng.pt")
             (tmp / STATE_FILE).write_text(state)
         for old in list_checkpoints(root)[: -max(keep, 1)]:
             shutil.rmtree(old)
@@ -431,7 +435,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = self.settings.learning_rate
             group["weight_decay"] = self.settings.weight_decay
-        _set_rng_state(torch.load(path / "rng.pt", weights_only=True))
+        set_rng_state(torch.load(path / "rng.pt", weights_only=True))
         self.step_count = int(state["step"])
         log.info("checkpoint_loaded", path=str(path), step=self.step_count)
         return dict(state["extra"])
@@ -611,87 +615,3 @@ def _config_dtype(folder: Path) -> torch.dtype | None:
     name = config.get("dtype") or config.get("torch_dtype")
     value = getattr(torch, name, None) if isinstance(name, str) else None
     return value if isinstance(value, torch.dtype) else None
-
-
-def _rng_state() -> dict[str, Any]:
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "python": random.getstate(),
-    }
-
-
-def _set_rng_state(state: Mapping[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    if (
-        state["cuda"]
-        and torch.cuda.is_available()
-        and len(state["cuda"]) == torch.cuda.device_count()
-    ):
-        torch.cuda.set_rng_state_all(state["cuda"])
-    random.setstate(state["python"])
-
-
-def list_checkpoints(root: str | Path) -> list[Path]:
-    """The complete checkpoints under `root`, oldest first."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    found = [
-        path
-        for path in root.glob(f"{CHECKPOINT_PREFIX}*")
-        if path.is_dir() and (path / STATE_FILE).is_file()
-    ]
-    return sorted(found, key=lambda path: int(path.name.removeprefix(CHECKPOINT_PREFIX)))
-
-
-def latest_checkpoint(root: str | Path) -> Path | None:
-    """The newest complete checkpoint under `root`, or None."""
-    found = list_checkpoints(root)
-    return found[-1] if found else None
-
-
-@contextlib.contextmanager
-def atomic_dir(target: Path) -> Iterator[Path]:
-    """Yield a temporary folder beside `target`; when the block ends without error, fsync
-    everything in it and rename it to `target` (replacing an older one). On error, remove it:
-    `target` is never seen half-written."""
-    parent = target.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    for stale in parent.glob(f".tmp-{target.name}-*"):
-        shutil.rmtree(stale, ignore_errors=True)  # left by a writer killed mid-way
-    tmp = parent / f".tmp-{target.name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        yield tmp
-        _fsync_tree(tmp)
-        if target.exists():
-            old = parent / f".old-{target.name}-{uuid.uuid4().hex[:8]}"
-            target.rename(old)
-            tmp.rename(target)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(target)
-        _fsync_dir(parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def _fsync_tree(folder: Path) -> None:
-    for dirpath, _, filenames in os.walk(folder):
-        for name in filenames:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(dirpath))
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -14,7 +14,7 @@ import pytest
 import redis
 from e2e_support import Cluster, evoenv, kill_group
 
-from evoenv_learner.trainer import latest_checkpoint
+from evoenv_learner.checkpoints import latest_checkpoint
 from shared.db import Archive
 from shared.inference import InferenceClient, Sampling
 from shared.policy import read_version

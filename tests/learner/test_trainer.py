@@ -14,7 +14,8 @@ from transformers import (
 )
 
 from evoenv_learner import trainer as trainer_module
-from evoenv_learner.trainer import Trainer, latest_checkpoint, list_checkpoints
+from evoenv_learner.checkpoints import latest_checkpoint, list_checkpoints
+from evoenv_learner.trainer import Trainer
 from shared.messages import GradedGroup
 
 
