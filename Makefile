@@ -14,4 +14,5 @@ lint: setup
 	.venv/bin/ruff check . && .venv/bin/mypy
 
 bench: setup
+	.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[bench]"
 	for b in bench/bench_*.py; do .venv/bin/python "$$b" || exit 1; done
