@@ -19,6 +19,7 @@ from shared.messages import (
     StageJob,
     StageReport,
 )
+from shared.rewards import quality
 
 if TYPE_CHECKING:
     from evoenv_worker.context import WorkerContext
@@ -81,7 +82,10 @@ def calibration_complete(client: InferenceClient, job: StageJob, settings: Setti
 
 
 def calibration_stage(sandbox: Sandbox, job: StageJob, settings: Settings) -> StageReport:
-    """Pass rate a of the solver (a pass is a score of exactly 1.0); admitted if 0 < a < 1."""
+    """Pass rate a of the solver (a pass is a score of exactly 1.0); admitted if 0 < a < 1.
+
+    Its data also carries Q, the generator reward's calibration quality of a: computed at
+    every a, 0 and 1 included (it bars admission but still says how far off the file was)."""
     started = time.perf_counter()
     if job.error:
         return StageReport(stage="calibration", ok=False, seconds=0.0, detail=job.error)
@@ -115,6 +119,7 @@ def calibration_stage(sandbox: Sandbox, job: StageJob, settings: Settings) -> St
         "instances": m,
         "difficulty": job.difficulty,
         "env_errors": errors,
+        "quality": round(quality(rate, settings.admission), 6),
     }
     seconds = round(time.perf_counter() - started, 3)
     if errors:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from shared.db import Archive
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 SOUND = Path(__file__).resolve().parents[1] / "corpus" / "sound" / "word_caesar_decode.py"
+HARD = Path(__file__).with_name("long_product.py")
 STAGES = ["L1", "L2", "L3", "L4", "L5", "review", "calibration", "novelty"]
 
 
@@ -67,3 +69,25 @@ def test_pool_add_admits_only_what_passes_every_stage(cluster: Cluster) -> None:
         json.loads(line)["name"] for line in listed.stdout.splitlines() if line.startswith("{")
     }
     assert ("word_caesar_decode" in names) == (report["verdict"] == "admitted")
+
+
+def test_a_file_the_solver_always_fails_is_rejected_at_calibration_but_gets_its_q(
+    cluster: Cluster,
+) -> None:
+    """long_product.py (exact products of two 20+ digit integers) is sound, but the embedded
+    model never multiplies them right: calibration's pass rate is 0 from eight real gradings,
+    so it is not admitted; Q is still computed (exp(-(0 - 0.3)^2 / (2 * 0.2^2)) = 0.3247), and
+    review and novelty run all the same (the generator's reward needs them)."""
+    result = run(cluster, "pool", "add", "--json", str(HARD))
+    assert result.returncode == 1, result.stderr[-3000:]
+    (report,) = reports(result)
+    check_all_stages(report)
+    by_stage = {s["stage"]: s for s in report["stages"]}
+    calibration = by_stage["calibration"]
+    assert not calibration["ok"], calibration
+    assert calibration["data"]["passes"] == 0 and calibration["data"]["env_errors"] == 0
+    assert calibration["data"]["quality"] == pytest.approx(math.exp(-(0.3**2) / 0.08), abs=1e-4)
+    assert "never solved" in calibration["detail"]
+    assert report["verdict"] == "rejected"
+    archive = Archive(cluster.settings().archive_url)
+    assert archive.by_name("long_product", ("admitted",)) is None
