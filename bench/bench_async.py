@@ -80,7 +80,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import redis  # noqa: E402
+
+from benchkit import private_redis, start_process  # noqa: E402
 
 from evoenv_learner.orchestrator import SEND_POLL_SECONDS  # noqa: E402
 from evoenv_learner.supervisor import descendants  # noqa: E402
@@ -102,19 +103,6 @@ TASK_LINE = re.compile(
 # ------------------------------------------------------------------------------ the cluster
 
 
-def start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as sink:
-        return subprocess.Popen(
-            command,
-            cwd=REPO,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-
-
 def kill_tree(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
     """SIGTERM a process and wait, then SIGKILL it and everything below it (sandboxes run in
     sessions of their own)."""
@@ -130,26 +118,6 @@ def kill_tree(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
         except ProcessLookupError:
             pass
     proc.wait(10)
-
-
-def private_redis(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
-         "--appendonly", "yes", "--save", "", "--protected-mode", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    for _ in range(200):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    client.close()
-    return proc, url
 
 
 @dataclass
@@ -204,7 +172,7 @@ def learner_run(
     offsets = [path.stat().st_size for path in worker_logs]
     print(f"{mode}: evoenv learner --steps {args.steps} (log: {log_path})", flush=True)
     begin = time.monotonic()
-    learner = start([*CLI, "learner", "--steps", str(args.steps)], run_env, log_path)
+    learner = start_process([*CLI, "learner", "--steps", str(args.steps)], run_env, log_path)
     try:
         code = learner.wait(args.timeout)
     except subprocess.TimeoutExpired as exc:
@@ -511,7 +479,7 @@ def main() -> None:
         serve=ServeSettings(port=port, kv_cache_gib=args.kv_cache_gib, max_model_len=2048),
     )
     folder = prepare_model(settings)
-    redis_proc, redis_url = private_redis(work)
+    redis_proc, redis_url = private_redis(work, append_only=True)
     env = {
         **os.environ,
         "EVOENV_REDIS_URL": redis_url,
@@ -530,9 +498,9 @@ def main() -> None:
         with (work / "vllm.log").open("wb") as log:
             server = start_server(settings, folder, output=log)
         worker_logs = [work / "worker-generation.log", work / "worker-grading.log"]
-        workers.append(start([*CLI, "worker", "-Q", "generation"], env, worker_logs[0]))
+        workers.append(start_process([*CLI, "worker", "-Q", "generation"], env, worker_logs[0]))
         workers.append(
-            start(
+            start_process(
                 [*CLI, "worker", "-Q", "grading", "-c", str(args.grading_workers)],
                 env,
                 worker_logs[1],

@@ -23,7 +23,6 @@ import asyncio
 import logging
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ sys.path.insert(0, str(REPO))
 
 import redis  # noqa: E402
 import torch  # noqa: E402
+from benchkit import private_redis  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from evoenv_learner.publisher import ReloadPublisher, write_weights  # noqa: E402
@@ -46,25 +46,6 @@ from shared.ports import free_port  # noqa: E402
 
 CONCURRENCY = (1, 8, 32)
 PROMPT = [{"role": "user", "content": "Write a short story about a robot who learns to paint."}]
-
-
-def private_redis(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
-         "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    client.close()
-    return proc, url
 
 
 def start(settings: Settings, folder: Path, log_path: Path) -> tuple[VllmServer, float]:
@@ -117,7 +98,7 @@ def main() -> None:
     rows.append(("prepare (cached after the first run)", f"{time.monotonic() - begin:.1f} s"))
 
     work = Path(tempfile.mkdtemp(prefix="bench-model-"))
-    redis_proc, redis_url = private_redis(work)
+    redis_proc, redis_url = private_redis(work, append_only=False)
     log_path = work / "vllm.log"
     server, first_start = start(settings, folder, log_path)
     rows.append(("server start (to healthy)", f"{first_start:.1f} s"))

@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import redis  # noqa: E402
+from benchkit import start_process  # noqa: E402
 
 from evoenv_worker.grade import grade_group  # noqa: E402
 from evoenv_worker.sandbox.host import Sandbox  # noqa: E402
@@ -48,19 +49,6 @@ from shared.messages import CompletionRecord, EnvRef, SolverJob  # noqa: E402
 from shared.ports import free_port  # noqa: E402
 
 CLI = [sys.executable, "-c", "from evoenv_worker.cli import main; main()"]
-
-
-def start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as sink:
-        return subprocess.Popen(
-            command,
-            cwd=REPO,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
 
 
 def kill_tree(proc: subprocess.Popen[bytes]) -> None:
@@ -174,7 +162,7 @@ def main() -> None:
     )
     processes = []
     try:
-        redis_proc = start(
+        redis_proc = start_process(
             [
                 "redis-server",
                 "--port",
@@ -197,14 +185,14 @@ def main() -> None:
         client = redis.Redis.from_url(url)
         wait_until(lambda: _pings(client), 10, "redis-server")
         processes.append(
-            start(
+            start_process(
                 [*CLI, "worker", "-Q", "grading", "-c", "2", "-n", "bench-grading@%h"],
                 env,
                 folder / "grading.log",
             )
         )
         processes.append(
-            start(
+            start_process(
                 [*CLI, "worker", "-Q", "validation", "-c", "1", "-n", "bench-validation@%h"],
                 env,
                 folder / "validation.log",

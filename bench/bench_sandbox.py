@@ -26,7 +26,6 @@ batch size).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import random
 import subprocess
@@ -37,6 +36,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from benchkit import load_environment  # noqa: E402
 
 from evoenv_worker.grade import grade_op, grade_op_seconds, read_grades  # noqa: E402
 from evoenv_worker.sandbox.host import Sandbox  # noqa: E402
@@ -71,19 +72,6 @@ env.answer_text(reference)
 out = [grade_value(env.score(instance, reference, answer)).reward for answer in request["answers"]]
 sys.stdout.write(json.dumps(out))
 """
-
-
-def load(path: Path) -> Environment:
-    spec = importlib.util.spec_from_file_location("bench_candidate", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    [cls] = [
-        v
-        for v in vars(module).values()
-        if isinstance(v, type) and issubclass(v, Environment) and v is not Environment
-    ]
-    return cls()
 
 
 def make_answers(env: Environment, count: int) -> list[str]:
@@ -173,7 +161,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (best kept)")
     args = parser.parse_args()
     source = args.env.read_text()
-    env = load(args.env)
+    env = load_environment(args.env)
     answers = make_answers(env, max(BATCHES) * 2)
     settings = Settings()
     rows: list[tuple[int, float, float, float]] = []

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import logging
 import math
 import os
@@ -54,6 +53,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
+from benchkit import load_environment  # noqa: E402
 
 from evoenv_learner.trainer import Trainer, TrainSequence  # noqa: E402
 from evoenv_worker.models import TEST_MODEL, prepare_model  # noqa: E402
@@ -79,16 +79,8 @@ TARGET = 1.0
 
 def load_env(path: Path) -> tuple[Environment, str]:
     """The seed's environment (trusted code, loaded in-process) and its source's sha256."""
-    spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    [cls] = [
-        v
-        for v in vars(module).values()
-        if isinstance(v, type) and issubclass(v, Environment) and v is not Environment
-    ]
-    return cls(), hashlib.sha256(path.read_bytes()).hexdigest()
+    env = load_environment(path, f"bench_{path.stem}")
+    return env, hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def grade(env: Environment, instance: Any, reference: Any, text: str) -> Grade:
