@@ -28,14 +28,13 @@ import structlog
 from shared import keys
 from shared.config import Settings
 from shared.db import source_sha
-from shared.environment import TRAIN_SEEDS, build_prompt
+from shared.environment import TRAIN_SEEDS
 from shared.groups import GroupTracker
 from shared.messages import (
     MODEL_STAGES,
     EnvRef,
     StageJob,
     StageReport,
-    Trace,
     ValidateJob,
     ValidationReport,
 )
@@ -106,7 +105,7 @@ def stage_job_for(ctx: WorkerContext, job: ValidateJob) -> StageJob | None:
     meta, trace = traced
     lo, hi = int(meta["min_difficulty"]), int(meta["max_difficulty"])
     difficulty = settings.admission.calibration_difficulty
-    difficulty = trace["difficulty"] if difficulty is None else min(max(difficulty, lo), hi)
+    difficulty = trace.difficulty if difficulty is None else min(max(difficulty, lo), hi)
     rng = random.Random(f"calibration:{job.job_id}")
     seeds = [
         rng.randrange(TRAIN_SEEDS.start, TRAIN_SEEDS.stop)
@@ -119,13 +118,7 @@ def stage_job_for(ctx: WorkerContext, job: ValidateJob) -> StageJob | None:
         env=env,
         oracle=str(meta["oracle"]),
         difficulty=difficulty,
-        trace=Trace(
-            seed=trace["seed"],
-            difficulty=trace["difficulty"],
-            prompt=build_prompt(trace["prompt"]),
-            reference=trace["reference"],
-            answer_text=trace["answer_text"],
-        ),
+        trace=trace,
         seeds=seeds,
     )
 

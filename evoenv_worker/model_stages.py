@@ -18,6 +18,7 @@ from shared.inference import InferenceClient, Sampling
 from shared.messages import (
     StageJob,
     StageReport,
+    Trace,
 )
 from shared.rewards import quality
 
@@ -159,8 +160,7 @@ def pool_embeddings(ctx: WorkerContext, exclude_sha: str) -> list[tuple[str, Any
             traced = trace_instance(ctx.sandbox(), row.source, f"{row.name}.py")
             if traced is None:
                 continue
-            prompt = build_prompt(traced[1]["prompt"])
-            embedding = embedder.embed_environment(row.source, prompt)
+            embedding = embedder.embed_environment(row.source, traced[1].prompt)
             archive.update_environment(row.sha, embedding=embedding.to_json())
         out.append((row.name, embedding))
     return out
@@ -168,7 +168,7 @@ def pool_embeddings(ctx: WorkerContext, exclude_sha: str) -> list[tuple[str, Any
 
 def trace_instance(
     sandbox: Sandbox, source: str, filename: str
-) -> tuple[dict[str, Any], dict[str, Any]] | None:
+) -> tuple[dict[str, Any], Trace] | None:
     """The environment's class attributes and its traced instance: seed 0 at the middle
     difficulty (what the reviewer reads and novelty compares); None if either fails."""
     (meta,) = sandbox.run(source, [{"op": "describe"}], filename=filename)
@@ -178,7 +178,17 @@ def trace_instance(
     (result,) = sandbox.run(
         source, [{"op": "instance", "seed": 0, "difficulty": middle}], filename=filename
     )
-    return (meta.value, {**result.value, "seed": 0, "difficulty": middle}) if result.ok else None
+    if not result.ok:
+        return None
+    value = result.value
+    trace = Trace(
+        seed=0,
+        difficulty=middle,
+        prompt=build_prompt(value["prompt"]),
+        reference=value["reference"],
+        answer_text=value["answer_text"],
+    )
+    return meta.value, trace
 
 
 def novelty_stage(ctx: WorkerContext, job: StageJob) -> StageReport:

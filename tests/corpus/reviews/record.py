@@ -28,9 +28,7 @@ from evoenv_worker.model_stages import trace_instance  # noqa: E402
 from evoenv_worker.review import VERDICT_SCHEMA, parse_verdict, review_messages  # noqa: E402
 from evoenv_worker.sandbox.host import Sandbox  # noqa: E402
 from shared.config import Settings  # noqa: E402
-from shared.environment import build_prompt  # noqa: E402
 from shared.inference import InferenceClient, Sampling  # noqa: E402
-from shared.messages import Trace  # noqa: E402
 
 FILES = [
     "seeds/knapsack_max_value.py",
@@ -58,14 +56,7 @@ def main() -> None:
             source = (REPO / name).read_text()
             traced = trace_instance(sandbox, source, Path(name).name)
             assert traced is not None, name
-            _, value = traced
-            trace = Trace(
-                seed=value["seed"],
-                difficulty=value["difficulty"],
-                prompt=build_prompt(value["prompt"]),
-                reference=value["reference"],
-                answer_text=value["answer_text"],
-            )
+            _, trace = traced
             messages = review_messages(source, trace)
             for mode, extra in MODES.items():
                 sampling = Sampling(
