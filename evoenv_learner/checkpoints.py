@@ -3,23 +3,31 @@
 A checkpoint is a folder `step-00000012/` under a root; `Trainer.save_checkpoint` fills it
 (`model/`, `optimizer.pt`, `rng.pt`, `state.json`) inside `atomic_dir`, which writes under a
 temporary name, fsyncs, then renames: a folder with a final name is always complete.
+Writers check the free space first (`require_space`) and turn a disk that fills up mid-write
+into `DiskFull` (`disk_full_as_error`): one line saying what did not fit, never a half-written
+folder.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import random
 import shutil
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from shared.errors import DiskFull
+
 CHECKPOINT_PREFIX = "step-"
 STATE_FILE = "state.json"
+FULL_BELOW = 64 * 2**20
+"""A write error with less free space than this (bytes) left on the disk is a full disk."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -39,6 +47,60 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     ):
         torch.cuda.set_rng_state_all(state["cuda"])
     random.setstate(state["python"])
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor], dtype: torch.dtype | None = None) -> int:
+    """Bytes the tensors take (each storage once; floating-point ones as `dtype` if given)."""
+    seen: set[int] = set()
+    total = 0
+    for tensor in tensors:
+        if tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        size = tensor.element_size()
+        if dtype is not None and tensor.is_floating_point():
+            size = torch.empty((), dtype=dtype).element_size()
+        total += tensor.numel() * size
+    return total
+
+
+def require_space(folder: Path, needed: int, what: str) -> None:
+    """Raise `DiskFull` unless the disk holding `folder` has `needed` bytes (plus 5 %) free."""
+    free = shutil.disk_usage(_existing(folder)).free
+    if free < needed * 1.05:
+        raise DiskFull(_no_space(folder, what, needed, free))
+
+
+@contextlib.contextmanager
+def disk_full_as_error(folder: Path, what: str, needed: int) -> Iterator[None]:
+    """Turn a write that failed because the disk filled up into `DiskFull`. Libraries word it
+    differently (OSError ENOSPC, safetensors' and torch.save's own errors), so any error
+    counts when it says so or when the disk under `folder` is all but full right after it."""
+    try:
+        yield
+    except Exception as exc:
+        if not (
+            getattr(exc, "errno", None) == errno.ENOSPC
+            or "No space left" in str(exc)
+            or shutil.disk_usage(_existing(folder)).free < FULL_BELOW
+        ):
+            raise
+        raise DiskFull(_no_space(folder, what, needed, None)) from exc
+
+
+def _existing(folder: Path) -> Path:
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
+def _no_space(folder: Path, what: str, needed: int, free: int | None) -> str:
+    have = "the disk filled up while writing" if free is None else f"{free / 1e9:.1f} GB free"
+    return (
+        f"not enough disk space for {what} in {folder}: needs about {needed / 1e9:.1f} GB, "
+        f"{have}; free space (old runs, EVOENV_LEARNER__KEEP_CHECKPOINTS) and start again "
+        "with --resume"
+    )
 
 
 def list_checkpoints(root: str | Path) -> list[Path]:

@@ -33,7 +33,7 @@ from evoenv_learner.orchestrator import Orchestrator
 from evoenv_learner.pool import Pool, seed_pool
 from shared.config import Settings
 from shared.db import Archive
-from shared.errors import ServiceUnavailable
+from shared.errors import EvoEnvError, ServiceUnavailable
 from shared.messages import GradedGroup
 from shared.policy import read_version
 
@@ -270,6 +270,14 @@ async def run(
             group.create_task(train())
             if republish is not None:
                 group.create_task(republisher())
+    except BaseExceptionGroup as failed:  # a deliberate error (DiskFull, ...) as itself
+        ours = failed.subgroup(EvoEnvError)
+        if ours is None:
+            raise
+        first: BaseException = ours
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from failed
     finally:
         await asyncio.to_thread(trainer.close)
         metrics.close()

@@ -35,6 +35,7 @@ import redis
 import structlog
 import torch
 
+from evoenv_learner.checkpoints import disk_full_as_error, require_space, tensor_bytes
 from evoenv_worker.models import resolve_model_path
 from shared import policy
 from shared.config import Settings
@@ -159,9 +160,17 @@ def write_weights(model: torch.nn.Module, folder: Path, dtype: torch.dtype) -> P
         if value.is_floating_point():
             value = value.to(dtype)
         tensors[name] = value.contiguous().cpu()
+    needed = tensor_bytes(tensors.values())
+    what = "the pushed weights"
+    require_space(folder, needed, what)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{WEIGHTS_FILE}.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    try:
+        with disk_full_as_error(folder, what, needed):
+            save_file(tensors, str(tmp), metadata={"format": "pt"})
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
     tmp.rename(folder / WEIGHTS_FILE)
     folder.chmod(0o755)
     (folder / WEIGHTS_FILE).chmod(0o644)

@@ -44,10 +44,13 @@ from evoenv_learner.checkpoints import (
     CHECKPOINT_PREFIX,
     STATE_FILE,
     atomic_dir,
+    disk_full_as_error,
     latest_checkpoint,
     list_checkpoints,
+    require_space,
     rng_state,
     set_rng_state,
+    tensor_bytes,
 )
 from evoenv_learner.distributed import DataParallel
 from evoenv_learner.grpo import Role, group_advantages, grpo_loss, token_entropy, token_logprobs
@@ -395,7 +398,10 @@ class Trainer:
         start = time.perf_counter()
         for stale in root.glob(f".tmp-{CHECKPOINT_PREFIX}*"):
             shutil.rmtree(stale, ignore_errors=True)  # left by a writer killed mid-way
-        with atomic_dir(target) as tmp:
+        needed = self.checkpoint_bytes()
+        what = f"the step-{self.step_count} checkpoint"
+        require_space(root, needed, what)
+        with atomic_dir(target) as tmp, disk_full_as_error(root, what, needed):
             self.model.save_pretrained(tmp / "model")
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(tmp / "model")
@@ -411,6 +417,13 @@ class Trainer:
             seconds=round(time.perf_counter() - start, 3),
         )
         return target
+
+    def checkpoint_bytes(self) -> int:
+        """About what one checkpoint takes on disk: the weights, AdamW's two moments per
+        trainable weight, and some room for the tokenizer."""
+        trainable = (p for p in self.model.parameters() if p.requires_grad)
+        weights = tensor_bytes(self.model.state_dict().values())
+        return weights + 2 * tensor_bytes(trainable) + 2**25
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Restore weights, optimiser state, step and RNG state from a checkpoint folder (or

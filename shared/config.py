@@ -252,7 +252,8 @@ class LearnerSettings(BaseModel):
     checkpoint_every: int = Field(5, ge=1)
     """Write a checkpoint every N optimiser steps (and on shutdown)."""
     keep_checkpoints: int = Field(2, ge=1)
-    """Checkpoints kept on disk."""
+    """Checkpoints kept on disk (each the float32 weights and AdamW's two moments: ~12 bytes a
+    parameter); a new one is complete before the oldest is removed."""
     push_every: int = Field(1, ge=1)
     """Push the new weights to the vLLM servers every k steps."""
     publisher: Literal["reload", "nccl"] = "reload"

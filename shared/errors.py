@@ -5,6 +5,7 @@
     ├── SandboxFailure       the running sandbox broke down (not the environment's fault)
     ├── ServiceUnavailable   Redis, the database or a model server cannot be reached
     ├── PoolEmpty            the pool has nothing to sample (the seeds were never recorded?)
+    ├── DiskFull             a checkpoint or a weight push does not fit on the disk
     └── UsageError           bad input from a person: one line that says what to fix
 
 A broken *environment* is never an exception: it is a result (a failed stage with a reason,
@@ -32,6 +33,11 @@ class ServiceUnavailable(EvoEnvError):
 
 class PoolEmpty(EvoEnvError):
     """The pool has no active member to sample (the seeds were never recorded?)."""
+
+
+class DiskFull(EvoEnvError):
+    """Not enough free disk space to write a checkpoint or pushed weights; the message says
+    how much was needed, where, and what to free. What was written before stays intact."""
 
 
 class UsageError(EvoEnvError):

@@ -28,13 +28,19 @@ def learner(
 ) -> None:
     """Run the learner (orchestrator, trainer, weight pushes) until stopped or --steps."""
     from evoenv_learner.loop import run_process
+    from evoenv_worker.cli.envs import EXIT_ERROR, err
+    from shared.errors import EvoEnvError
 
     settings: Settings = ctx.obj
     if steps is not None:
         settings = settings.model_copy(
             update={"learner": settings.learner.model_copy(update={"steps": steps})}
         )
-    state = run_process(settings, resume=resume)
+    try:
+        state = run_process(settings, resume=resume)
+    except EvoEnvError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(EXIT_ERROR) from exc
     if state is None:  # a follower rank under torchrun
         return
     out.print(f"stopped at step {state.step}, policy version {state.version}", markup=False)

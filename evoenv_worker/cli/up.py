@@ -21,9 +21,10 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from evoenv_worker.cli.envs import out
+from evoenv_worker.cli.envs import EXIT_ERROR, err, out
 from shared import keys
 from shared.config import Settings
+from shared.errors import EvoEnvError
 from shared.ports import free_port, listening
 
 
@@ -50,15 +51,17 @@ def up(
         settings = settings.model_copy(
             update={"learner": settings.learner.model_copy(update={"steps": steps})}
         )
-    state = asyncio.run(_up(settings))
+    try:
+        state = asyncio.run(_up(settings))
+    except EvoEnvError as exc:
+        err.print(f"error: {exc}", markup=False)
+        raise typer.Exit(EXIT_ERROR) from exc
     out.print(
         f"stopped at step {state['step']}, policy version {state['version']}; "
         f"report: {state['report']}",
         markup=False,
     )
     if state.get("gave_up"):
-        from evoenv_worker.cli.envs import EXIT_ERROR, err
-
         err.print(
             f"error: {state['gave_up']} kept dying and was not restarted again; see "
             f"{settings.run_dir / 'logs' / (state['gave_up'] + '.log')}",

@@ -23,6 +23,17 @@ REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "evoenv"
 
 
+@pytest.fixture(autouse=True)
+def _drop_weight_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Checkpoints and pushed weights (GBs each) go when a test ends, passed or failed; its
+    logs stay. Symbolic links (the prepared model, linked into data folders) are not followed."""
+    yield
+    for folder, _, names in os.walk(tmp_path_factory.getbasetemp()):
+        for name in names:
+            if name.endswith((".safetensors", ".pt")):
+                (Path(folder) / name).unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="module")
 def cluster(redis_server: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     folder = tmp_path_factory.mktemp("e2e")

@@ -35,6 +35,7 @@ def learner_env(cluster: Cluster, run_dir: Path, steps: int) -> dict[str, str]:
         "EVOENV_LEARNER__GENERATOR_GROUPS_IN_FLIGHT": "0",
         "EVOENV_LEARNER__SOLVER_GROUPS_IN_FLIGHT": "3",
         "EVOENV_LEARNER__CHECKPOINT_EVERY": "2",
+        "EVOENV_LEARNER__KEEP_CHECKPOINTS": "1",
         "EVOENV_LEARNER__EVAL_EVERY": "1000",
         "EVOENV_GRPO__GROUP_SIZE": "6",
         "EVOENV_GRPO__BATCH_GROUPS": "1",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import random
 from pathlib import Path
@@ -13,9 +14,12 @@ from transformers import (
     AutoModelForCausalLM,
 )
 
+from evoenv_learner import checkpoints as checkpoints_module
 from evoenv_learner import trainer as trainer_module
 from evoenv_learner.checkpoints import latest_checkpoint, list_checkpoints
+from evoenv_learner.publisher import write_weights
 from evoenv_learner.trainer import Trainer
+from shared.errors import DiskFull
 from shared.messages import GradedGroup
 
 
@@ -235,6 +239,50 @@ def test_interrupted_checkpoint_leaves_no_partial_folder(
     assert same_weights(good_weights, weights(fresh))
     fresh.save_checkpoint(tmp_path, {"version": 1})  # same step: replaces, sweeps the temp
     assert sorted(p.name for p in tmp_path.iterdir()) == [good.name]
+
+
+class _Usage:
+    def __init__(self, free: int) -> None:
+        self.total, self.used, self.free = 2 * free, free, free
+
+
+def test_checkpoint_that_does_not_fit_is_refused_before_writing(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trainer = Trainer(model_dir, settings())
+    group = make_group(trainer, [1.0, 0.0])
+    trainer.step([group])
+    good = trainer.save_checkpoint(tmp_path, {"version": 1})
+    size = sum(f.stat().st_size for f in good.rglob("*") if f.is_file())
+    needed = trainer.checkpoint_bytes()
+    assert size <= needed <= size + 2**26  # the estimate is the real size, plus room
+    trainer.step([group])
+
+    monkeypatch.setattr(checkpoints_module.shutil, "disk_usage", lambda _: _Usage(size // 2))
+    with pytest.raises(DiskFull, match=r"step-2 checkpoint in .* needs about .* GB free"):
+        trainer.save_checkpoint(tmp_path, {"version": 2})
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [good.name]
+
+
+def test_disk_filling_up_mid_write_is_disk_full_and_leaves_no_folder(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trainer = Trainer(model_dir, settings())
+    trainer.step([make_group(trainer, [1.0, 0.0])])
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(trainer_module.torch, "save", full)
+    with pytest.raises(DiskFull, match="the disk filled up while writing"):
+        trainer.save_checkpoint(tmp_path, {"version": 1})
+    assert list(tmp_path.iterdir()) == []
+
+    monkeypatch.setattr(checkpoints_module.shutil, "disk_usage", lambda _: _Usage(16))
+    with pytest.raises(DiskFull, match="pushed weights"):
+        write_weights(trainer.model, tmp_path / "push" / "v00000001", torch.bfloat16)
+    assert not (tmp_path / "push" / "v00000001").exists()
 
 
 def test_load_from_empty_root_fails(model_dir: Path, tmp_path: Path) -> None:
