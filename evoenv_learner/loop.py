@@ -48,6 +48,8 @@ class LearnerState:
     skipped_groups: int = 0
     funnel: dict[str, int] = field(default_factory=dict)
     last_metrics: dict[str, Any] = field(default_factory=dict)
+    stopping: bool = False
+    """A stop was asked for: the step in progress is dropped, then a checkpoint is written."""
 
 
 async def run(
@@ -67,7 +69,7 @@ async def run(
     beside this one: they get the model folder here and the steps through the trainer."""
     from evoenv_learner.checkpoints import latest_checkpoint
     from evoenv_learner.publisher import PushFailed, ReloadPublisher
-    from evoenv_learner.trainer import Trainer
+    from evoenv_learner.trainer import StepInterrupted, Trainer
     from evoenv_worker.app import configure
     from evoenv_worker.models import prepare_model
     from shared.redis_client import connect
@@ -118,9 +120,19 @@ async def run(
     metrics = MetricsSink(settings, archive, run_dir / "tensorboard")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def request_stop() -> None:  # on a CPU a step takes minutes: say what the wait is for
+        if not state.stopping:
+            state.stopping = True
+            log.info("learner_stopping", step=state.step, then="checkpoint")
+            trainer.interrupt.set()
+            if on_step is not None:
+                on_step(state)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, request_stop)
     queue: asyncio.Queue[GradedGroup] = asyncio.Queue(maxsize=settings.grpo.batch_groups * 4)
     log.info(
         "learner_started",
@@ -223,7 +235,13 @@ async def run(
                 if not batch:
                     continue
                 async with weights:
-                    step_metrics = await asyncio.to_thread(trainer.step, batch)
+                    try:
+                        step_metrics = await asyncio.to_thread(trainer.step, batch)
+                    except StepInterrupted:
+                        # its groups count as read (gradings and funnel are recorded) and go
+                        # with the stop's checkpoint, like those still queued
+                        log.info("step_abandoned", step=state.step + 1, groups=len(batch))
+                        break
                     if trainer.step_count == state.step:
                         log.warning("step_not_taken", groups=len(batch))
                         orchestrator.batch_trained()

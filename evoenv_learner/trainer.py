@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -118,8 +119,17 @@ class StepMetrics:
         return data
 
 
+class StepInterrupted(Exception):
+    """`Trainer.interrupt` was set during a step: the step was abandoned between micro-batches
+    (gradients dropped, weights and optimiser untouched)."""
+
+
 class Trainer:
-    """A causal LM loaded from a local Hugging Face folder, trained with role-conditioned GRPO."""
+    """A causal LM loaded from a local Hugging Face folder, trained with role-conditioned GRPO.
+
+    Setting `interrupt` (from any thread) abandons the step in progress at the next
+    micro-batch with `StepInterrupted`: on a CPU a step takes minutes, and a person who asked
+    to stop should not wait for it. Ignored under data parallelism (the ranks would hang)."""
 
     def __init__(
         self,
@@ -146,6 +156,7 @@ class Trainer:
         self.autocast = self.device.type == "cuda" and param_dtype == torch.float32
         self.source_dtype = _config_dtype(self.model_path) or param_dtype
         self.step_count = 0
+        self.interrupt = threading.Event()
 
         self.model = self._load_model(param_dtype)
         self.chunked_head = _head_is_plain(self.model)
@@ -224,6 +235,9 @@ class Trainer:
             chunks = [sequences[first : first + size] for first in range(0, len(sequences), size)]
             mine = self.parallel.mine(len(chunks)) if self.parallel else range(len(chunks))
             for index in mine:
+                if self.interrupt.is_set() and self.parallel is None:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    raise StepInterrupted(f"step {self.step_count + 1} abandoned")
                 self._accumulate(chunks[index], metrics)
             if self.parallel is not None:
                 self._sum_over_ranks(metrics)

@@ -312,6 +312,8 @@ class _Display:
                 f"{m.get('in_flight_solver', '-')} / {m.get('in_flight_generator', '-')}",
             )
             table.add_row("stale groups dropped", str(learner.stale_dropped))
+            if learner.stopping:
+                table.add_row("stopping", "the step in progress is dropped; writing a checkpoint")
         for child in supervisor.children:
             table.add_row(
                 child.name,

@@ -18,7 +18,7 @@ from evoenv_learner import checkpoints as checkpoints_module
 from evoenv_learner import trainer as trainer_module
 from evoenv_learner.checkpoints import latest_checkpoint, list_checkpoints
 from evoenv_learner.publisher import write_weights
-from evoenv_learner.trainer import Trainer
+from evoenv_learner.trainer import StepInterrupted, Trainer
 from shared.errors import DiskFull
 from shared.messages import GradedGroup
 
@@ -55,6 +55,27 @@ def test_step_raises_logprob_of_positive_completions_and_lowers_loss(model_dir: 
     second = trainer.step([group])
     assert second.loss < first.loss
     assert second.ratio_mean != pytest.approx(1.0, abs=1e-4)
+
+
+def test_interrupt_abandons_the_step_between_micro_batches(model_dir: Path) -> None:
+    trainer = Trainer(model_dir, settings(micro_batch=1))
+    group = make_group(trainer, [1.0, 0.0, 0.0, 1.0])
+    before = weights(trainer)
+    calls = 0
+    accumulate = trainer._accumulate
+
+    def accumulate_then_interrupt(*args: object) -> None:  # a stop arriving mid-step
+        nonlocal calls
+        calls += 1
+        accumulate(*args)  # type: ignore[arg-type]
+        trainer.interrupt.set()
+
+    trainer._accumulate = accumulate_then_interrupt  # type: ignore[method-assign]
+    with pytest.raises(StepInterrupted, match="step 1 abandoned"):
+        trainer.step([group])
+    assert calls == 1 and trainer.step_count == 0
+    assert same_weights(before, weights(trainer))
+    assert all(p.grad is None for p in trainer.model.parameters())
 
 
 def test_mixed_prompt_lengths_line_up_in_one_micro_batch(model_dir: Path) -> None:
