@@ -95,12 +95,15 @@ def _existing(folder: Path) -> Path:
 
 
 def _no_space(folder: Path, what: str, needed: int, free: int | None) -> str:
-    have = "the disk filled up while writing" if free is None else f"{free / 1e9:.1f} GB free"
+    have = "the disk filled up while writing" if free is None else f"{_size(free)} free"
     return (
-        f"not enough disk space for {what} in {folder}: needs about {needed / 1e9:.1f} GB, "
-        f"{have}; free space (old runs, EVOENV_LEARNER__KEEP_CHECKPOINTS) and start again "
-        "with --resume"
+        f"not enough disk space for {what} in {folder}: needs about {_size(needed)}, {have}; "
+        "free space (old runs, EVOENV_LEARNER__KEEP_CHECKPOINTS) and start again with --resume"
     )
+
+
+def _size(count: float) -> str:
+    return f"{count / 1e9:.1f} GB" if count >= 1e8 else f"{count / 1e6:.1f} MB"
 
 
 def list_checkpoints(root: str | Path) -> list[Path]:
