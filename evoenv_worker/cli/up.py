@@ -79,11 +79,14 @@ CPU_SIZES = {
     "EVOENV_LEARNER__SOLVER_GROUPS_IN_FLIGHT": "2",
     "EVOENV_LEARNER__EVAL_INSTANCES": "8",
     "EVOENV_LEARNER__PROPOSAL_EXAMPLES": "1",
+    "EVOENV_ADMISSION__CALIBRATION_DIFFICULTY": "1",
 }
 """Sizes for a CPU-only machine (two cores train ~40 tokens/s on the default model): without
 them one optimiser step of the reference sizes (4 groups of 8, completions up to 512 tokens,
-generator files up to 1536) takes most of an hour. Applied by `evoenv up` where there is no
-GPU, each only when its variable is not set already (children inherit them)."""
+generator files up to 1536) takes most of an hour. Calibration at the easiest level: at the
+middle one the embedded solver passed 1 of 8 instances of one candidate and 0 of 8 of the
+nine others that reached it in a half-hour run (nothing admitted). Applied by `evoenv up`
+where there is no GPU, each only when its variable is not set already (children inherit them)."""
 
 
 def apply_cpu_sizes() -> dict[str, str]:
