@@ -329,6 +329,7 @@ def _record_gradings(pool: Pool, group: GradedGroup) -> None:
             errors,
             passes=passes,
             difficulty=group.difficulty,
+            group_id=group.group_id,
         )
 
 

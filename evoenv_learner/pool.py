@@ -62,6 +62,9 @@ log = structlog.get_logger(__name__)
 ACTIVE_STATUSES = ("seed", "admitted")
 HISTORY_LIMIT = 50
 SEED_ORIGIN = "seed"
+RECENT_GROUPS = 256
+"""Group ids remembered per environment against counting a replayed group twice: more than
+the groups read between two checkpoints."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,17 +183,26 @@ class Pool:
         *,
         passes: int | None = None,
         difficulty: int | None = None,
+        group_id: str | None = None,
     ) -> str:
         """Count `n` gradings of which `env_errors` were env_error; quarantine if too many.
 
         With `passes` (gradings that scored exactly 1.0) and `difficulty`, the per-difficulty
-        pass counts are kept too. Returns the environment's status afterwards.
+        pass counts are kept too. With `group_id`, a group already counted (read again from
+        the stream after the learner restarted from a checkpoint older than the count) is not
+        counted twice: the last RECENT_GROUPS group ids are kept per environment. Returns the
+        environment's status afterwards.
         """
         if not 0 <= env_errors <= n:
             raise ValueError(f"env_errors must be in [0, n={n}], got {env_errors}")
         settings = self.settings
 
         def change(stats: dict[str, Any], status: str, origin: str) -> str:
+            if group_id is not None:
+                recent = list(stats.get("recent_groups", []))
+                if group_id in recent:
+                    return status
+                stats["recent_groups"] = [*recent, group_id][-RECENT_GROUPS:]
             stats["gradings"] = int(stats.get("gradings", 0)) + n
             stats["env_errors"] = int(stats.get("env_errors", 0)) + env_errors
             if passes is not None and difficulty is not None:

@@ -185,6 +185,26 @@ def test_quarantine_after_repeated_env_errors(archive: Archive) -> None:
     assert seeds[0] in pool
 
 
+def test_a_group_read_again_after_a_restart_is_counted_once(archive: Archive) -> None:
+    (sha,) = add_admitted(archive, 1)
+    pool = Pool(archive, PoolSettings())
+    pool.record_gradings(sha, 8, 1, passes=3, difficulty=2, group_id="g1")
+    pool.record_gradings(sha, 8, 0, passes=5, difficulty=2, group_id="g2")
+    # the learner restarts from a checkpoint taken before both: the stream hands them again
+    fresh = Pool(archive, PoolSettings())
+    fresh.record_gradings(sha, 8, 1, passes=3, difficulty=2, group_id="g1")
+    fresh.record_gradings(sha, 8, 0, passes=5, difficulty=2, group_id="g2")
+    row = archive.environment(sha)
+    assert row is not None
+    assert (row.stats["gradings"], row.stats["env_errors"]) == (16, 1)
+    assert row.stats["served"] == {"2": {"scored": 15, "passes": 8}}
+    for index in range(300):  # only the last RECENT_GROUPS ids are kept
+        fresh.record_gradings(sha, 1, 0, group_id=f"x{index}")
+    row = archive.environment(sha)
+    assert row is not None and len(row.stats["recent_groups"]) == 256
+    assert row.stats["gradings"] == 316
+
+
 def test_serving_difficulty_and_history_are_kept(archive: Archive) -> None:
     (sha,) = add_admitted(archive, 1)
     with archive.session() as session:  # admission's own figures must survive our updates

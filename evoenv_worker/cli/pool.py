@@ -123,7 +123,7 @@ def show(ctx: typer.Context, name: str = typer.Argument(..., help="Environment n
                 "parents": [
                     p.name if p else sha for p, sha in zip(parents, row.parents, strict=True)
                 ],
-                "stats": row.stats,
+                "stats": {k: v for k, v in (row.stats or {}).items() if k != "recent_groups"},
             },
             indent=2,
             default=str,
