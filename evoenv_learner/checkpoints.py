@@ -49,18 +49,14 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     random.setstate(state["python"])
 
 
-def tensor_bytes(tensors: Iterable[torch.Tensor], dtype: torch.dtype | None = None) -> int:
-    """Bytes the tensors take (each storage once; floating-point ones as `dtype` if given)."""
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes the tensors take (a storage shared by tied weights counted once)."""
     seen: set[int] = set()
     total = 0
     for tensor in tensors:
-        if tensor.data_ptr() in seen:
-            continue
-        seen.add(tensor.data_ptr())
-        size = tensor.element_size()
-        if dtype is not None and tensor.is_floating_point():
-            size = torch.empty((), dtype=dtype).element_size()
-        total += tensor.numel() * size
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            total += tensor.numel() * tensor.element_size()
     return total
 
 
