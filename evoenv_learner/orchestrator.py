@@ -408,7 +408,7 @@ class Orchestrator:
     def _send_generator(self, tasks: Any) -> None:
         members = self.pool.members
         examples = choose_examples(
-            [Example(m.name, self.info(m).oracle, m.source, m.sha) for m in members],
+            [Example(m.name, self.info(m).oracle, m.source, m.sha, m.solve_rate) for m in members],
             self.settings.learner.proposal_examples,
             self.rng,
         )
@@ -426,7 +426,12 @@ class Orchestrator:
         self.generator_in_flight.add(job.group_id)
         self.sent["generator"] += 1
         log.info(
-            "generation_group_sent", group_id=job.group_id, examples=[e.name for e in examples]
+            "generation_group_sent",
+            group_id=job.group_id,
+            examples=[e.name for e in examples],
+            solve_rates=[
+                None if e.solve_rate is None else round(e.solve_rate, 3) for e in examples
+            ],
         )
 
 

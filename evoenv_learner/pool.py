@@ -62,6 +62,8 @@ log = structlog.get_logger(__name__)
 ACTIVE_STATUSES = ("seed", "admitted")
 HISTORY_LIMIT = 50
 SEED_ORIGIN = "seed"
+SOLVE_RATE_MIN_SCORED = 8
+"""Graded answers before an environment's solve rate counts as known."""
 RECENT_GROUPS = 256
 """Group ids remembered per environment against counting a replayed group twice: more than
 the groups read between two checkpoints."""
@@ -81,6 +83,9 @@ class PoolEntry:
     None when neither is known (serve at the middle of the environment's range)."""
     searched: bool = False
     """Whether a serving-difficulty search has set `difficulty` (see `difficulty.py`)."""
+    solve_rate: float | None = None
+    """Share of the solver's graded answers that scored 1.0, over every level served; None
+    until `SOLVE_RATE_MIN_SCORED` answers were graded."""
 
     @property
     def is_seed(self) -> bool:
@@ -374,7 +379,15 @@ def _entry(row: EnvironmentRow) -> PoolEntry:
         origin=row.origin,
         difficulty=None if difficulty is None else int(difficulty),
         searched="serving_difficulty" in stats,
+        solve_rate=_solve_rate(stats),
     )
+
+
+def _solve_rate(stats: dict[str, Any]) -> float | None:
+    levels = (stats.get("served") or {}).values()
+    scored = sum(int(level.get("scored", 0)) for level in levels)
+    passes = sum(int(level.get("passes", 0)) for level in levels)
+    return passes / scored if scored >= SOLVE_RATE_MIN_SCORED else None
 
 
 def _now() -> str:

@@ -1,8 +1,10 @@
 """The generator's side: the proposal prompt, and getting the code back out of a response.
 
-The prompt shows a few pool members as complete example files (seeds first, then admitted
-environments, chosen to spread across oracle kinds), the contract in brief, and asks for one
-new environment file.
+The prompt shows a few pool members as complete example files, the contract in brief, and
+asks for one new environment file. Examples are drawn at random, favouring the solver's
+frontier: members the solver solves sometimes but not always. A proposal tends to resemble
+its examples, and admission wants a pass rate strictly between 0 and 1 (CONTRACT.md s3), so
+examples the solver never (or always) solves mostly breed candidates calibration rejects.
 """
 
 from __future__ import annotations
@@ -32,8 +34,17 @@ No eval, exec, open, getattr, globals, no dunder attributes except __init__, no 
 The oracle attribute is exactly the string "equality" or "feasibility". Define in the file
 every helper function and constant it uses: nothing from the examples is available to it.
 A good environment is easy to solve with code (a dynamic program, a search, a checker) but
-hard to solve by reasoning in words, and its difficulty scales smoothly.
+hard to solve by reasoning in words, and its difficulty scales smoothly: at min_difficulty an
+instance is tiny (a person solves it in a few steps), each level a little larger.
 """
+
+
+UNKNOWN_WEIGHT = 0.5
+"""Draw weight of an example whose solve rate is not known yet."""
+FLOOR_WEIGHT = 0.05
+"""Least draw weight: a member the solver never (or always) solves still appears now and then."""
+SAME_KIND_FACTOR = 0.5
+"""Weight multiplier for an oracle kind already among the chosen examples (a gentle spread)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,21 +53,31 @@ class Example:
     oracle: str
     source: str
     sha: str
+    solve_rate: float | None = None
+    """The solver's share of full-score answers on this member (None: not known yet)."""
+
+
+def example_weight(example: Example) -> float:
+    """How strongly `example` is favoured: 4a(1-a) for solve rate a (1 at a = 0.5, 0 at a = 0
+    or 1) above a small floor; a middling weight while the rate is unknown."""
+    if example.solve_rate is None:
+        return UNKNOWN_WEIGHT
+    a = min(1.0, max(0.0, example.solve_rate))
+    return FLOOR_WEIGHT + (1.0 - FLOOR_WEIGHT) * 4.0 * a * (1.0 - a)
 
 
 def choose_examples(pool: Sequence[Example], k: int, rng: random.Random) -> list[Example]:
-    """Up to `k` examples spread across oracle kinds, the pool order (seeds first) as ties."""
-    by_kind: dict[str, list[Example]] = {}
-    for example in pool:
-        by_kind.setdefault(example.oracle, []).append(example)
-    for members in by_kind.values():
-        rng.shuffle(members)
+    """Up to `k` distinct examples drawn without replacement with `example_weight`, a kind
+    already drawn weighing `SAME_KIND_FACTOR` as much (module doc)."""
+    left = list(pool)
     chosen: list[Example] = []
-    kinds = sorted(by_kind)
-    while len(chosen) < k and any(by_kind.values()):
-        for kind in kinds:
-            if by_kind[kind] and len(chosen) < k:
-                chosen.append(by_kind[kind].pop())
+    while left and len(chosen) < k:
+        kinds = {e.oracle for e in chosen}
+        weights = [
+            example_weight(e) * (SAME_KIND_FACTOR if e.oracle in kinds else 1.0) for e in left
+        ]
+        pick = rng.choices(range(len(left)), weights=weights)[0]
+        chosen.append(left.pop(pick))
     return chosen
 
 

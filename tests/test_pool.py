@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from evoenv_learner.pool import Pool, PoolEmpty, seed_pool
+from evoenv_learner.pool import Pool, PoolEmpty, PoolEntry, seed_pool
 from shared.config import PoolSettings
 from shared.db import Archive, EnvironmentRow, source_sha
 from shared.errors import UsageError
@@ -203,6 +203,22 @@ def test_a_group_read_again_after_a_restart_is_counted_once(archive: Archive) ->
     row = archive.environment(sha)
     assert row is not None and len(row.stats["recent_groups"]) == 256
     assert row.stats["gradings"] == 316
+
+
+def test_solve_rate_over_every_level_once_enough_answers_are_graded(archive: Archive) -> None:
+    (sha,) = add_admitted(archive, 1)
+    pool = Pool(archive, PoolSettings())
+    pool.record_gradings(sha, 4, 0, passes=1, difficulty=2)
+    pool.refresh()
+    assert _member(pool, sha).solve_rate is None  # 4 answers: not known yet
+    pool.record_gradings(sha, 8, 2, passes=2, difficulty=3)  # env_errors are not answers
+    pool.record_gradings(sha, 8, 0)  # no pass counts: not counted either
+    pool.refresh()
+    assert _member(pool, sha).solve_rate == 3 / 10
+
+
+def _member(pool: Pool, sha: str) -> PoolEntry:
+    return next(m for m in pool.members if m.sha == sha)
 
 
 def test_serving_difficulty_and_history_are_kept(archive: Archive) -> None:

@@ -29,12 +29,28 @@ def test_extract_code(response: str, expected: str) -> None:
     assert extract_code(response).strip() == expected.strip()
 
 
-def test_examples_spread_across_kinds() -> None:
+def test_examples_are_distinct_and_spread_across_kinds() -> None:
     pool = [Example(f"e{i}", "equality", "", str(i)) for i in range(6)]
     pool += [Example(f"f{i}", "feasibility", "", f"f{i}") for i in range(2)]
-    chosen = choose_examples(pool, 2, random.Random(0))
-    assert {e.oracle for e in chosen} == {"equality", "feasibility"}
-    assert len(choose_examples(pool, 20, random.Random(0))) == len(pool)
+    rng = random.Random(0)
+    draws = [choose_examples(pool, 2, rng) for _ in range(2000)]
+    assert all(len({e.sha for e in chosen}) == 2 for chosen in draws)
+    mixed = sum({e.oracle for e in chosen} == {"equality", "feasibility"} for chosen in draws)
+    # Without the spread, a feasibility member is in 1 - (6/8)(5/7) = 46% of the pairs.
+    assert mixed / len(draws) > 0.55
+    assert sorted(e.sha for e in choose_examples(pool, 20, rng)) == sorted(e.sha for e in pool)
+
+
+def test_examples_favour_the_solvers_frontier() -> None:
+    rates = {"never": 0.0, "always": 1.0, "half": 0.5, "some": 0.2, "new": None}
+    pool = [Example(name, "equality", "", name, rate) for name, rate in rates.items()]
+    rng = random.Random(1)
+    counts = dict.fromkeys(rates, 0)
+    for _ in range(4000):
+        counts[choose_examples(pool, 1, rng)[0].name] += 1
+    assert counts["half"] > counts["some"] > counts["new"] > counts["never"]
+    assert counts["never"] > 0 and counts["always"] > 0  # a floor, not an exclusion
+    assert counts["half"] > 8 * counts["never"]
 
 
 def test_proposal_prompt_shows_examples_whole() -> None:
