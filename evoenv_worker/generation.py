@@ -121,6 +121,10 @@ def finalize_group(ctx: WorkerContext, run: str, group_id: str) -> GradedGroup:
             failed = "error"  # the check could not run: no reward either way
         if failed is None and s is not None and s >= a.novelty_gate:
             failed = "novelty"
+        known = _known_status(ctx, member)
+        if known is not None and s is not None:  # the very file of a known environment
+            s = 1.0
+            failed = failed or "novelty"
         rate = stages["calibration"].data.get("pass_rate") if "calibration" in stages else None
         rows.append(
             {
@@ -130,6 +134,7 @@ def finalize_group(ctx: WorkerContext, run: str, group_id: str) -> GradedGroup:
                 "similarity": s,
                 "pass_rate": rate,
                 "embedding": embedding,
+                "known": known,
             }
         )
     gamma = _gamma(
@@ -202,6 +207,14 @@ def _gamma(client: Any, run: str, embeddings: list[Any], settings: Settings) -> 
     return gamma_for(sum(values) / len(values) if values else None, a)
 
 
+def _known_status(ctx: WorkerContext, member: dict[str, Any] | None) -> str | None:
+    """The status of the archive's row of this very file when it is not a candidate's (a
+    seed, an admitted, retired or quarantined environment), else None."""
+    sha = (member or {}).get("sha")
+    row = ctx.archive().environment(sha) if sha else None
+    return row.status if row is not None and row.status not in ("candidate", "rejected") else None
+
+
 def _record_candidate(
     ctx: WorkerContext, row: dict[str, Any], meta: dict[str, Any], reward: dict[str, Any]
 ) -> None:
@@ -209,6 +222,9 @@ def _record_candidate(
     report: ValidationReport | None = row["report"]
     sha = row["member"].get("sha")
     if report is None or not sha or not report.name:
+        return
+    if row["known"] is not None:  # that row is not this candidate's to judge
+        log.info("candidate_is_known", env=report.name, env_sha=sha, status=row["known"])
         return
     archive = ctx.archive()
     source = str(row["member"].get("source") or "")

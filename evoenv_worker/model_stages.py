@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -146,15 +147,13 @@ def calibration_stage(sandbox: Sandbox, job: StageJob, settings: Settings) -> St
     )
 
 
-def pool_embeddings(ctx: WorkerContext, exclude_sha: str) -> list[tuple[str, Any]]:
-    """(name, embedding) of every active pool member; missing ones are computed and stored."""
+def pool_embeddings(ctx: WorkerContext) -> list[tuple[str, str, Any]]:
+    """(name, sha, embedding) of every active pool member; missing ones are computed and stored."""
     from evoenv_worker.novelty import EnvEmbedding
 
     archive, embedder = ctx.archive(), ctx.embedder()
-    out: list[tuple[str, Any]] = []
+    out: list[tuple[str, str, Any]] = []
     for row in archive.environments("seed") + archive.environments("admitted"):
-        if row.sha == exclude_sha:
-            continue  # the same file is not a copy of itself
         embedding = EnvEmbedding.from_json(row.embedding)
         if embedding is None:
             traced = trace_instance(ctx.sandbox(), row.source, f"{row.name}.py")
@@ -162,7 +161,7 @@ def pool_embeddings(ctx: WorkerContext, exclude_sha: str) -> list[tuple[str, Any
                 continue
             embedding = embedder.embed_environment(row.source, traced[1].prompt)
             archive.update_environment(row.sha, embedding=embedding.to_json())
-        out.append((row.name, embedding))
+        out.append((row.name, row.sha, embedding))
     return out
 
 
@@ -199,15 +198,21 @@ def novelty_stage(ctx: WorkerContext, job: StageJob) -> StageReport:
     started = time.perf_counter()
     a = ctx.settings.admission
     embedding = ctx.embedder().embed_environment(job.env.source, job.trace.prompt)
-    members = pool_embeddings(ctx, job.env.sha)
+    members = pool_embeddings(ctx)
     result = novelty(
-        embedding, [e for _, e in members], (), a.novelty_gate, a.novelty_prompt_weight
+        embedding, [e for _, _, e in members], (), a.novelty_gate, a.novelty_prompt_weight
     )
     nearest = members[result.index][0] if result.index is not None else None
-    detail = (
-        f"max similarity {result.similarity:.3f} to {nearest or 'nothing'} "
-        f"({'below' if result.passes else 'at or above'} the gate {a.novelty_gate})"
-    )
+    same = next((k for k, (_, sha, _) in enumerate(members) if sha == job.env.sha), None)
+    if same is not None:  # the very file of a pool member (a generator copying its example)
+        result = replace(result, similarity=1.0, passes=False, nearest="pool", index=same)
+        nearest = members[same][0]
+        detail = f"the file is {nearest}, already in the pool: nothing new"
+    else:
+        detail = (
+            f"max similarity {result.similarity:.3f} to {nearest or 'nothing'} "
+            f"({'below' if result.passes else 'at or above'} the gate {a.novelty_gate})"
+        )
     return StageReport(
         stage="novelty",
         ok=result.passes,

@@ -178,6 +178,41 @@ def test_a_later_candidate_copying_an_earlier_one_is_rejected(
     assert novelty(group[1], pool, (), GATE, WEIGHT).passes
 
 
+def test_the_novelty_stage_rejects_the_very_file_of_a_pool_member(
+    embedder: Embedder, tmp_path: Path
+) -> None:
+    """A generator that copies its example file verbatim gets no admission: the stage compares
+    with every pool member, the candidate's own file included."""
+    from evoenv_learner.pool import seed_pool
+    from evoenv_worker.context import WorkerContext
+    from evoenv_worker.model_stages import novelty_stage, trace_instance
+    from shared.db import source_sha
+    from shared.messages import EnvRef, StageJob
+
+    ctx = WorkerContext(Settings(data_dir=tmp_path), _embedder=embedder)
+    seed_pool(ctx.archive(), REPO / "seeds")
+    path = REPO / "seeds" / "edit_distance.py"
+    source = path.read_text("utf-8")
+    traced = trace_instance(ctx.sandbox(), source, path.name)
+    assert traced is not None
+    meta, trace = traced
+    job = StageJob(
+        job_id="j",
+        run="r",
+        env=EnvRef(name="edit_distance", sha=source_sha(source), source=source),
+        oracle=meta["oracle"],
+        difficulty=1,
+        trace=trace,
+    )
+    try:
+        report = novelty_stage(ctx, job)
+    finally:
+        ctx.sandbox().close()
+    assert not report.ok
+    assert (report.data["similarity"], report.data["nearest"]) == (1.0, "edit_distance")
+    assert "already in the pool" in report.detail
+
+
 def test_embedding_json_round_trip(embedded: dict[str, EnvEmbedding]) -> None:
     import json
 

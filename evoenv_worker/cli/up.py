@@ -254,6 +254,9 @@ async def _up(settings: Settings) -> dict[str, Any]:
             (run_dir / "checkpoints").glob("step-*")
         )
         display = _Display()
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()  # loading bars would break the live display
         with Live(display.table(None, supervisor), refresh_per_second=1, transient=False) as live:
 
             def on_step(learner_state: Any) -> None:

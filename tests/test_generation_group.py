@@ -1,0 +1,107 @@
+"""A generation group's end (`finalize_group`) against a real Redis and a SQLite archive: the
+funnel, the rewards and what the archive keeps. The stage reports are written here as the
+stages would have (no model); the embeddings are made-up unit vectors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evoenv_learner.pool import seed_pool
+from evoenv_worker.admission import generation_key
+from evoenv_worker.context import WorkerContext
+from evoenv_worker.generation import finalize_group, open_group
+from evoenv_worker.novelty import DIMENSION, RECIPE
+from shared.config import Settings
+from shared.db import source_sha
+from shared.groups import GroupTracker
+from shared.messages import MECHANICAL_STAGES, StageReport, ValidationReport
+
+SEEDS = Path(__file__).resolve().parents[1] / "seeds"
+RUN = "gen-test"
+
+
+def embedding(axis: int) -> dict[str, Any]:
+    vector = [0.0] * DIMENSION
+    vector[axis] = 1.0
+    return {"recipe": RECIPE, "prompt": vector, "code": vector}
+
+
+def passed_everything(name: str, axis: int, similarity: float) -> ValidationReport:
+    """The report of a candidate that passed every stage, as the stages write it."""
+    stages = [StageReport(stage=s, ok=True, seconds=0.0, detail="ok") for s in MECHANICAL_STAGES]
+    stages += [
+        StageReport(stage="review", ok=True, seconds=0.0, detail="ok"),
+        StageReport(
+            stage="calibration",
+            ok=True,
+            seconds=0.0,
+            detail="ok",
+            data={"pass_rate": 0.25, "passes": 2, "instances": 8, "difficulty": 1},
+        ),
+        StageReport(
+            stage="novelty",
+            ok=True,
+            seconds=0.0,
+            detail="ok",
+            data={"similarity": similarity, "nearest": "x", "embedding": embedding(axis)},
+        ),
+    ]
+    return ValidationReport(
+        file=f"{name}.py", name=name, verdict="admitted", failed_stage=None, stages=stages
+    )
+
+
+@pytest.fixture
+def ctx(redis_url: str, tmp_path: Path) -> WorkerContext:
+    settings = Settings(redis_url=redis_url, data_dir=tmp_path, run=RUN)
+    context = WorkerContext(settings)
+    seed_pool(context.archive(), SEEDS)
+    return context
+
+
+def finish(ctx: WorkerContext, members: list[tuple[str, ValidationReport]]) -> Any:
+    group_id = "g1"
+    meta = {"prompt": "p", "parents": [], "completions": [{"text": s} for s, _ in members]}
+    open_group(ctx, RUN, group_id, len(members), meta)
+    tracker = GroupTracker(ctx.redis(), RUN)
+    for index, (source, report) in enumerate(members):
+        member = {
+            "report": report.model_dump(mode="json"),
+            "sha": source_sha(source),
+            "source": source,
+        }
+        tracker.finish(generation_key(group_id), str(index), member)
+    return finalize_group(ctx, RUN, group_id)
+
+
+def test_a_copy_of_a_seed_is_not_admitted_and_the_seed_is_left_alone(ctx: WorkerContext) -> None:
+    copied = (SEEDS / "grid_shortest_path.py").read_text()
+    new = copied.replace("grid_shortest_path", "grid_walk")
+    archive = ctx.archive()
+    seed_before = archive.environment(source_sha(copied))
+    assert seed_before is not None
+
+    group = finish(
+        ctx,
+        [
+            # the novelty stage saw the seed (similarity 1.0 then), or an older worker did not
+            (copied, passed_everything("grid_shortest_path", 0, 0.5)),
+            (new, passed_everything("grid_walk", 1, 0.5)),
+        ],
+    )
+
+    assert group.data["funnel"] == ["novelty", "admitted"]
+    copy_reward, new_reward = (c.reward for c in group.completions)
+    assert copy_reward is not None and new_reward is not None
+    assert copy_reward < new_reward  # no novelty bonus for the copy
+    seed_after = archive.environment(source_sha(copied))
+    assert seed_after is not None
+    assert (seed_after.status, seed_after.stats) == (seed_before.status, seed_before.stats)
+    admitted = archive.environment(source_sha(new))
+    assert admitted is not None and admitted.status == "admitted"
+    assert admitted.stats["funnel"] == "admitted"
+    assert json.dumps(admitted.stats["calibration"])  # kept with the admission
