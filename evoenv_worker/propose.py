@@ -9,6 +9,7 @@ examples the solver never (or always) solves mostly breed candidates calibration
 
 from __future__ import annotations
 
+import ast
 import random
 import re
 from collections.abc import Sequence
@@ -31,8 +32,9 @@ An environment is ONE Python file with exactly one class deriving from Environme
 Only the standard library modules random, math, itertools, functools, collections, heapq,
 bisect, fractions, decimal, string, re, json, statistics, operator, typing, dataclasses, enum.
 No eval, exec, open, getattr, globals, no dunder attributes except __init__, no global state.
-The oracle attribute is exactly the string "equality" or "feasibility". Define in the file
-every helper function and constant it uses: nothing from the examples is available to it.
+The oracle attribute is exactly the string "equality" or "feasibility". Define in the file,
+above the class, every helper function and constant it uses, and import every module it uses:
+nothing from the examples is available to it.
 A good environment is easy to solve with code (a dynamic program, a search, a checker) but
 hard to solve by reasoning in words, and its difficulty scales smoothly: at min_difficulty an
 instance is tiny (a person solves it in a few steps), each level a little larger.
@@ -81,10 +83,44 @@ def choose_examples(pool: Sequence[Example], k: int, rng: random.Random) -> list
     return chosen
 
 
+def helpers_first(source: str) -> str:
+    """`source` with the module-level functions and constants that follow its class moved
+    above it, as the example is shown. A model imitating an example writes the class and stops:
+    helpers defined after it went missing (L2: "name '_parse_int' is not defined") in most
+    rejected proposals of a half-hour `evoenv up` run. Unchanged when anything else follows
+    the class, or the class is used at module level after it."""
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:
+        return source
+    classes = [(k, node) for k, node in enumerate(body) if isinstance(node, ast.ClassDef)]
+    if len(classes) != 1 or classes[0][0] == len(body) - 1:
+        return source
+    index, cls = classes[0]
+    after = body[index + 1 :]
+    movable = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Assign, ast.AnnAssign)
+    uses_class = any(
+        isinstance(name, ast.Name) and name.id == cls.name
+        for node in after
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        for name in ast.walk(node)
+    )
+    if uses_class or not all(isinstance(node, movable) for node in after):
+        return source
+    lines = source.splitlines(keepends=True)
+    start = min([cls.lineno, *(d.lineno for d in cls.decorator_list)]) - 1
+    end = cls.end_lineno or len(lines)
+    head = "".join(lines[:start]).rstrip()
+    helpers = "".join(lines[end:]).strip()
+    klass = "".join(lines[start:end]).rstrip()
+    return "\n\n\n".join(part for part in (head, helpers, klass) if part) + "\n"
+
+
 def proposal_messages(examples: Sequence[Example]) -> list[dict[str, str]]:
     """The chat messages asking for one new environment file."""
     shown = "\n\n".join(
-        f"Example {i + 1} ({e.oracle} oracle), file {e.name}.py:\n```python\n{e.source.strip()}\n```"
+        f"Example {i + 1} ({e.oracle} oracle), file {e.name}.py:\n"
+        f"```python\n{helpers_first(e.source).strip()}\n```"
         for i, e in enumerate(examples)
     )
     names = ", ".join(e.name for e in examples)

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import ast
 import random
+from pathlib import Path
 
 import pytest
 
-from evoenv_worker.propose import Example, choose_examples, extract_code, proposal_messages
+from evoenv_worker.propose import (
+    Example,
+    choose_examples,
+    extract_code,
+    helpers_first,
+    proposal_messages,
+)
 from evoenv_worker.review import parse_verdict, review_messages, summarise
+from evoenv_worker.sandbox.host import Sandbox
+from evoenv_worker.static import check_static
+from shared.config import Settings
 from shared.messages import Trace
+
+SEEDS = sorted((Path(__file__).resolve().parents[1] / "seeds").glob("*.py"))
 
 CLASS = "from shared.environment import Environment\n\nclass A(Environment):\n    name = 'a'\n"
 
@@ -60,6 +73,36 @@ def test_proposal_prompt_shows_examples_whole() -> None:
     ]
     text = proposal_messages(examples)[-1]["content"]
     assert "SOURCE-X" in text and "SOURCE-Y" in text and "Environment" in text
+
+
+def test_examples_show_their_helpers_above_the_class_and_behave_the_same() -> None:
+    ops = [{"op": "instance", "seed": s, "difficulty": d} for s in range(3) for d in (1, 5, 10)]
+    with Sandbox(Settings().sandbox) as box:
+        for path in SEEDS:
+            source = path.read_text("utf-8")
+            shown = helpers_first(source)
+            assert check_static(shown.encode(), 64 * 1024).ok, path.name
+            body = ast.parse(shown).body
+            assert isinstance(body[-1], ast.ClassDef), path.name
+            lines = sorted(line for line in source.splitlines() if line.strip())
+            assert sorted(line for line in shown.splitlines() if line.strip()) == lines  # moved
+            before = box.run(source, ops, filename=path.name)
+            after = box.run(shown, ops, filename=path.name)
+            assert all(r.ok for r in before), path.name
+            assert [r.value for r in after] == [r.value for r in before], path.name
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "class A:\n    pass\n\nA.x = 1\n",  # uses the class after it
+        "class A:\n    pass\n\nINSTANCE = A()\n",
+        "class A:\n    pass\n\nif True:\n    pass\n",  # not a definition
+        "def f(:\n",  # not Python
+    ],
+)
+def test_helpers_stay_put_when_moving_them_could_change_the_file(source: str) -> None:
+    assert helpers_first(source) == source
 
 
 @pytest.mark.parametrize(
