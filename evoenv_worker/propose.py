@@ -15,6 +15,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from evoenv_worker.static import ALLOWED_MODULES
+
 CONTRACT_BRIEF = """\
 An environment is ONE Python file with exactly one class deriving from Environment
 (`from shared.environment import Environment`). It defines:
@@ -127,7 +129,8 @@ def proposal_messages(examples: Sequence[Example]) -> list[dict[str, str]]:
     user = (
         f"{CONTRACT_BRIEF}\n{shown}\n\n"
         f"Write ONE new environment file for a different problem than the examples ({names}): "
-        "pick a new algorithmic task with a code oracle. Reply with the complete file in a single "
+        "pick a new algorithmic task whose reference answer code computes exactly (oracle is still "
+        'only "equality" or "feasibility"). Reply with the complete file in a single '
         "```python code block and nothing else."
     )
     return [
@@ -143,7 +146,12 @@ _START = re.compile(r"^(?:from|import|class|\"\"\"|#)\b", re.MULTILINE)
 def extract_code(text: str) -> str:
     """The environment file in a response: the fenced block that defines a class (the last
     such, else the longest fence), or an unterminated fence, or the text from the first line
-    that starts code. Empty when there is nothing that looks like code (L1 rejects it)."""
+    that starts code, with `with_missing_imports`. Empty when there is nothing that looks like
+    code (L1 rejects it)."""
+    return with_missing_imports(_code_in(text))
+
+
+def _code_in(text: str) -> str:
     blocks = _FENCE.findall(text)
     with_class = [b for b in blocks if re.search(r"^class\s", b, re.MULTILINE)]
     if with_class:
@@ -155,3 +163,56 @@ def extract_code(text: str) -> str:
         return text[opened.end() :].strip() + "\n"
     start = _START.search(text)
     return text[start.start() :].strip() + "\n" if start else ""
+
+
+def with_missing_imports(code: str) -> str:
+    """`code` with `import m` added for each allowlisted standard-library module `m` that it
+    uses as `m.name` but never binds (imports, assigns or takes as an argument). Imitating an
+    example, the 0.5B generator keeps `from shared.environment import Environment` and drops
+    `import random` / `import re` (L2: "name 're' is not defined"): boilerplate, completed
+    here so that the rest of the file gets judged. Nothing else is changed; code that does not
+    parse is returned as it is (L1 reports it)."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return code
+    bound: set[str] = set()
+    used: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bound.add(node.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            bound.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            used.add(node.value.id)
+    missing = sorted((used - bound) & (ALLOWED_MODULES - {"__future__"}))
+    if not missing:
+        return code
+    body = tree.body
+    first = 0
+    while first < len(body) and (
+        (first == 0 and _is_docstring(body[0])) or _is_future_import(body[first])
+    ):
+        first += 1
+    lines = code.splitlines(keepends=True)
+    at = body[first].lineno - 1 if first < len(body) else len(lines)
+    imports = "".join(f"import {module}\n" for module in missing)
+    return "".join(lines[:at]) + imports + "".join(lines[at:])
+
+
+def _is_future_import(node: ast.stmt) -> bool:
+    return isinstance(node, ast.ImportFrom) and node.module == "__future__"
+
+
+def _is_docstring(node: ast.stmt) -> bool:
+    return (
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    )

@@ -14,6 +14,7 @@ from evoenv_worker.propose import (
     extract_code,
     helpers_first,
     proposal_messages,
+    with_missing_imports,
 )
 from evoenv_worker.review import parse_verdict, review_messages, summarise
 from evoenv_worker.sandbox.host import Sandbox
@@ -40,6 +41,44 @@ CLASS = "from shared.environment import Environment\n\nclass A(Environment):\n  
 )
 def test_extract_code(response: str, expected: str) -> None:
     assert extract_code(response).strip() == expected.strip()
+
+
+DROPPED_IMPORTS = """\
+\"\"\"A docstring.\"\"\"
+
+from __future__ import annotations
+
+from shared.environment import Environment
+
+INTEGER = re.compile(r"[0-9]+")
+
+
+class Pick(Environment):
+    def sample(self, rng: random.Random, difficulty: int) -> dict:
+        return {"items": sorted(collections.Counter([1, 1]).elements())}
+
+    def solve(self, instance: dict, math=None) -> int:
+        return math
+
+
+def _parse(json: str) -> int:
+    return json.count("1")  # an argument called json, not the module
+"""
+
+
+def test_extraction_adds_the_standard_imports_a_proposal_dropped() -> None:
+    code = extract_code(f"```python\n{DROPPED_IMPORTS}```")
+    lines = code.splitlines()
+    base = lines.index("from shared.environment import Environment")
+    added = lines[base - 3 : base]  # after the docstring and the __future__ import
+    assert added == ["import collections", "import random", "import re"]
+    assert code.replace("import collections\nimport random\nimport re\n", "") == DROPPED_IMPORTS
+    namespace: dict[str, object] = {}
+    exec(compile(code, "pick.py", "exec"), namespace)  # this test's own text: it now runs
+    assert namespace["Pick"]().sample(random.Random(0), 1) == {"items": [1, 1]}  # type: ignore[operator]
+    complete = (SEEDS[0]).read_text("utf-8")
+    assert with_missing_imports(complete) == complete  # nothing missing: unchanged
+    assert with_missing_imports("def f(:\n    re.x\n") == "def f(:\n    re.x\n"  # not Python
 
 
 def test_examples_are_distinct_and_spread_across_kinds() -> None:
