@@ -23,7 +23,13 @@ from pathlib import Path
 
 from evoenv_worker.generate import make_client
 from evoenv_worker.models import prepare_model
-from evoenv_worker.propose import Example, choose_examples, extract_code, proposal_messages
+from evoenv_worker.propose import (
+    TOPICS,
+    Example,
+    choose_examples,
+    extract_code,
+    proposal_messages,
+)
 from evoenv_worker.sandbox.host import Sandbox
 from evoenv_worker.serve import start_server
 from evoenv_worker.static import check_static
@@ -66,6 +72,12 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=1, help="example files per prompt")
     parser.add_argument("--max-tokens", type=int, default=1024)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--no-topics",
+        dest="topics",
+        action="store_false",
+        help="ask for any new task instead of one drawn from propose.TOPICS",
+    )
     parser.add_argument("--url", default=None, help="a running server (default: start one)")
     args = parser.parse_args()
 
@@ -88,7 +100,7 @@ def main() -> None:
             for _ in range(args.n):
                 chosen = choose_examples(examples, args.examples, rng)
                 (completion,) = client.chat(
-                    proposal_messages(chosen),
+                    proposal_messages(chosen, rng.choice(TOPICS) if args.topics else ""),
                     Sampling(n=1, temperature=temperature, max_tokens=args.max_tokens),
                 )
                 code = extract_code(completion.text).encode()

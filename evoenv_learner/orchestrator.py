@@ -43,7 +43,7 @@ import structlog
 
 from evoenv_learner.difficulty import DifficultySearch, SearchResult
 from evoenv_learner.pool import Pool, PoolEntry
-from evoenv_worker.propose import Example, choose_examples, proposal_messages
+from evoenv_worker.propose import TOPICS, Example, choose_examples, proposal_messages
 from evoenv_worker.static import check_static
 from shared.config import Settings
 from shared.environment import TRAIN_SEEDS
@@ -412,11 +412,12 @@ class Orchestrator:
             self.settings.learner.proposal_examples,
             self.rng,
         )
+        topic = self.rng.choice(TOPICS) if self.settings.learner.proposal_topics else ""
         g = self.settings.grpo
         job = ProposalJob(
             run=self.settings.run,
             group_id=uuid.uuid4().hex,
-            messages=proposal_messages(examples),
+            messages=proposal_messages(examples, topic),
             parents=[e.sha for e in examples],
             group_size=g.group_size,
             temperature=g.generator_temperature,
@@ -429,6 +430,7 @@ class Orchestrator:
             "generation_group_sent",
             group_id=job.group_id,
             examples=[e.name for e in examples],
+            topic=topic,
             solve_rates=[
                 None if e.solve_rate is None else round(e.solve_rate, 3) for e in examples
             ],

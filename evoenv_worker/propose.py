@@ -51,6 +51,74 @@ SAME_KIND_FACTOR = 0.5
 """Weight multiplier for an oracle kind already among the chosen examples (a gentle spread)."""
 
 
+TOPICS = (
+    "the number of inversions in a list of integers",
+    "the greatest common divisor of a list of integers",
+    "the least common multiple of a few small integers",
+    "the number of distinct values in a list of integers",
+    "the length of the longest run of equal adjacent values in a list",
+    "the sum of the digits of a large integer",
+    "the number of 1 bits in the binary form of an integer",
+    "the value of an arithmetic expression with +, -, * and parentheses",
+    "the number of monotone lattice paths through a grid with blocked cells",
+    "the fewest coins of given denominations that make an amount",
+    "the number of ways to climb n stairs taking 1, 2 or 3 steps at a time",
+    "the largest sum of a contiguous part of a list of integers",
+    "the n-th term of a linear recurrence modulo a prime",
+    "the number of primes up to n",
+    "the final position of a robot after a list of moves on a grid",
+    "the number of islands in a 0/1 grid",
+    "the fewest swaps that sort a permutation",
+    "the number of cycles of a permutation",
+    "the median of a list of integers",
+    "the k-th smallest value of a list of integers",
+    "the longest common prefix of a few words",
+    "the Roman numeral of an integer",
+    "the integer value of a Roman numeral",
+    "the number of palindromic substrings of a string",
+    "the length of the longest palindromic subsequence of a string",
+    "the length of the longest common subsequence of two strings",
+    "the smallest path sum through a grid of numbers moving right or down",
+    "the number of subsets of a list of integers that sum to a target",
+    "the largest number of pairwise non-overlapping intervals",
+    "the fewest rooms that hold a list of meetings given as intervals",
+    "the total length covered by a union of intervals",
+    "the lexicographically smallest topological order of a small directed acyclic graph",
+    "the length of a shortest path in a small weighted graph",
+    "the weight of a minimum spanning tree of a small weighted graph",
+    "the height of a binary search tree built by inserting values in order",
+    "the value of a postfix (reverse Polish) expression",
+    "the number of trailing zeros of n factorial",
+    "the number of (possibly overlapping) occurrences of a pattern in a text",
+    "the run-length encoding of a string",
+    "the area of the largest rectangle of 1s in a small 0/1 matrix",
+    "the number of steps of the Collatz sequence from n down to 1",
+    "the water trapped between bars of given heights",
+    "the fewest jumps to reach the end of a list of jump lengths",
+    "the number of paths between two nodes of a small directed acyclic graph",
+    "the bitwise XOR of a list of integers",
+    "the number of pairs in a list whose sum is divisible by k",
+    "the smallest positive integer missing from a list",
+    "the number of derangements of n items modulo a prime",
+    "the binomial coefficient C(n, k) modulo a prime",
+    "the determinant of a small integer matrix",
+    "the fewest knight moves between two squares of a chessboard",
+    "the number of domino tilings of a 2 x n board modulo a prime",
+    "the day of the week a given number of days after a given day",
+    "the number of distinct letters shared by two words",
+    "the balance of a bank account after a list of deposits and withdrawals",
+    "the number of valid moves of a chess piece on a small board with obstacles",
+    "the sum of the values on the main diagonal after rotating a square matrix",
+    "the number of carries when adding two integers digit by digit",
+    "the integer square root of a large integer",
+    "the number of divisors of an integer",
+)
+"""Tasks a proposal prompt may name, one drawn per prompt (`learner.proposal_topics`): asked
+for "a different problem", the 0.5B generator mostly re-sends its example (novelty 0.87-1.0 to
+it in a half-hour `evoenv up` run); asked for a named task it writes something new. Simple
+tasks with short exact answers, none of them a seed's."""
+
+
 @dataclass(frozen=True, slots=True)
 class Example:
     name: str
@@ -118,20 +186,24 @@ def helpers_first(source: str) -> str:
     return "\n\n\n".join(part for part in (head, helpers, klass) if part) + "\n"
 
 
-def proposal_messages(examples: Sequence[Example]) -> list[dict[str, str]]:
-    """The chat messages asking for one new environment file."""
+def proposal_messages(examples: Sequence[Example], topic: str = "") -> list[dict[str, str]]:
+    """The chat messages asking for one new environment file (about `topic`, if given)."""
     shown = "\n\n".join(
         f"Example {i + 1} ({e.oracle} oracle), file {e.name}.py:\n"
         f"```python\n{helpers_first(e.source).strip()}\n```"
         for i, e in enumerate(examples)
     )
     names = ", ".join(e.name for e in examples)
+    task = (
+        f"Its task: {topic}."
+        if topic
+        else "Pick a new algorithmic task whose reference answer code computes exactly."
+    )
     user = (
         f"{CONTRACT_BRIEF}\n{shown}\n\n"
-        f"Write ONE new environment file for a different problem than the examples ({names}): "
-        "pick a new algorithmic task whose reference answer code computes exactly (oracle is still "
-        'only "equality" or "feasibility"). Reply with the complete file in a single '
-        "```python code block and nothing else."
+        f"Write ONE new environment file for a different problem than the examples ({names}). "
+        f'{task} The oracle attribute is only "equality" or "feasibility". Reply with the '
+        "complete file in a single ```python code block and nothing else."
     )
     return [
         {"role": "system", "content": "You write Python reinforcement-learning environments."},

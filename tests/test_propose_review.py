@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from evoenv_worker.propose import (
+    TOPICS,
     Example,
     choose_examples,
     extract_code,
@@ -112,6 +113,16 @@ def test_proposal_prompt_shows_examples_whole() -> None:
     ]
     text = proposal_messages(examples)[-1]["content"]
     assert "SOURCE-X" in text and "SOURCE-Y" in text and "Environment" in text
+    assert "Pick a new algorithmic task" in text
+    named = proposal_messages(examples, TOPICS[0])[-1]["content"]
+    assert f"Its task: {TOPICS[0]}." in named and "Pick a new" not in named
+
+
+def test_topics_are_distinct_and_none_is_a_seed() -> None:
+    assert len(set(TOPICS)) == len(TOPICS) >= 50
+    for path in SEEDS:
+        words = path.stem.replace("_", " ")
+        assert not any(words in topic for topic in TOPICS), path.stem
 
 
 def test_examples_show_their_helpers_above_the_class_and_behave_the_same() -> None:
