@@ -24,7 +24,14 @@ CACHE = REPO / ".cache" / "evoenv"
 
 
 def model_settings(**serve: object) -> Settings:
-    """Settings for the small test model, its folder under the repository's cache."""
+    """Settings for the small test model, its folder under the repository's cache.
+
+    Served in float32: on a CPU with AMX and AVX512-BF16, vLLM's CPU build served
+    SmolLM2-135M in bfloat16 derails (greedy "What is the capital of France?" gave "L'Etoile,
+    la Marseillaise, la femme, ..."), while float32, and transformers in bfloat16, answer
+    "The capital of France is Paris." The embedded Qwen2.5-Coder-0.5B answers the same in
+    both dtypes there."""
+    serve = {"dtype": "float32", **serve}
     return Settings(
         model=TEST_MODEL,
         data_dir=CACHE,
