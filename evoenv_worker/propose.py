@@ -134,7 +134,7 @@ def example_weight(example: Example) -> float:
     or 1) above a small floor; a middling weight while the rate is unknown."""
     if example.solve_rate is None:
         return UNKNOWN_WEIGHT
-    a = min(1.0, max(0.0, example.solve_rate))
+    a = example.solve_rate
     return FLOOR_WEIGHT + (1.0 - FLOOR_WEIGHT) * 4.0 * a * (1.0 - a)
 
 
@@ -267,10 +267,8 @@ def with_missing_imports(code: str) -> str:
     if not missing:
         return code
     body = tree.body
-    first = 0
-    while first < len(body) and (
-        (first == 0 and _is_docstring(body[0])) or _is_future_import(body[first])
-    ):
+    first = 0 if ast.get_docstring(tree, clean=False) is None else 1
+    while first < len(body) and _is_future_import(body[first]):
         first += 1
     lines = code.splitlines(keepends=True)
     at = body[first].lineno - 1 if first < len(body) else len(lines)
@@ -280,11 +278,3 @@ def with_missing_imports(code: str) -> str:
 
 def _is_future_import(node: ast.stmt) -> bool:
     return isinstance(node, ast.ImportFrom) and node.module == "__future__"
-
-
-def _is_docstring(node: ast.stmt) -> bool:
-    return (
-        isinstance(node, ast.Expr)
-        and isinstance(node.value, ast.Constant)
-        and isinstance(node.value.value, str)
-    )
