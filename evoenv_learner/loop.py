@@ -28,6 +28,7 @@ from evoenv_learner.consumer import RolloutConsumer
 from evoenv_learner.distributed import DataParallel
 from evoenv_learner.evaluate import evaluate
 from evoenv_learner.grpo import group_advantages
+from evoenv_learner.memory import release_memory, rss_gib
 from evoenv_learner.metrics import MetricsSink
 from evoenv_learner.orchestrator import Orchestrator
 from evoenv_learner.pool import Pool, seed_pool
@@ -158,6 +159,7 @@ async def run(
             extra,
             keep=settings.learner.keep_checkpoints,
         )
+        await asyncio.to_thread(release_memory)
         await consumer.acknowledge(ids)
 
     async def consume() -> None:
@@ -254,6 +256,8 @@ async def run(
                         push_owed = seconds is None
                         if seconds is not None:
                             values["push_seconds"] = seconds
+                    await asyncio.to_thread(release_memory)
+                    values["rss_gib"] = round(rss_gib(), 2)
                 values.update(
                     version=state.version,
                     zero_variance_skipped=state.skipped_groups,

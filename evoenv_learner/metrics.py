@@ -45,7 +45,8 @@ class MetricsSink:
 
 
 def _round(value: Any) -> Any:
-    return round(value, 5) if isinstance(value, float) else value
+    """Five significant digits: a learning rate of 5e-6 stays 5e-06 (not 1e-05)."""
+    return float(f"{value:.5g}") if isinstance(value, float) else value
 
 
 def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
