@@ -37,6 +37,7 @@ ALLOWED_MODULES = frozenset(
     ]
 )
 BASE_MODULE = "shared.environment"
+BASE_CLASS = "Environment"
 FORBIDDEN_NAMES = frozenset(
     [
         "eval",
@@ -139,12 +140,12 @@ def _base_aliases(tree: ast.Module) -> set[str]:
     aliases: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module == BASE_MODULE:
-            aliases |= {a.asname or a.name for a in node.names if a.name == "Environment"}
+            aliases |= {a.asname or a.name for a in node.names if a.name == BASE_CLASS}
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name == BASE_MODULE:
                     prefix = alias.asname or BASE_MODULE
-                    aliases.add(f"{prefix}.Environment")
+                    aliases.add(f"{prefix}.{BASE_CLASS}")
     return aliases
 
 

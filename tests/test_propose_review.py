@@ -82,6 +82,18 @@ def test_extraction_adds_the_standard_imports_a_proposal_dropped() -> None:
     assert with_missing_imports("def f(:\n    re.x\n") == "def f(:\n    re.x\n"  # not Python
 
 
+def test_extraction_adds_the_base_class_import_a_proposal_dropped() -> None:
+    for seed in SEEDS:
+        source = seed.read_text("utf-8")
+        dropped = source.replace("from shared.environment import Environment\n", "")
+        assert not check_static(dropped.encode(), 64 * 1024).ok  # L1: no Environment import
+        code = extract_code(f"```python\n{dropped}```")
+        assert check_static(code.encode(), 64 * 1024).ok, seed.name
+        assert code.count("from shared.environment import Environment") == 1
+    aliased = "from shared.environment import Environment as Base\n\n\nclass A(Base):\n    pass\n"
+    assert with_missing_imports(aliased) == aliased  # bound under another name: unchanged
+
+
 def test_examples_are_distinct_and_spread_across_kinds() -> None:
     pool = [Example(f"e{i}", "equality", "", str(i)) for i in range(6)]
     pool += [Example(f"f{i}", "feasibility", "", f"f{i}") for i in range(2)]
