@@ -99,11 +99,13 @@ def main() -> None:
             started = time.perf_counter()
             for _ in range(args.n):
                 chosen = choose_examples(examples, args.examples, rng)
+                messages = proposal_messages(chosen, rng.choice(TOPICS) if args.topics else "")
                 (completion,) = client.chat(
-                    proposal_messages(chosen, rng.choice(TOPICS) if args.topics else ""),
+                    messages,
                     Sampling(n=1, temperature=temperature, max_tokens=args.max_tokens),
                 )
-                code = extract_code(completion.text).encode()
+                prompt = "\n\n".join(m["content"] for m in messages)
+                code = extract_code(completion.text, prompt).encode()
                 report = validate_source(code, "candidate.py", sandbox, settings)
                 funnel[report.failed_stage or "passed"] += 1
             rows.append((temperature, funnel, time.perf_counter() - started))

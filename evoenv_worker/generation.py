@@ -65,7 +65,7 @@ def propose(ctx: WorkerContext, job: ProposalJob) -> list[ValidateJob]:
             ValidateJob(
                 job_id=f"{job.group_id}-{index}",
                 file=f"candidate_{job.group_id}_{index}.py",
-                source=extract_code(completion.text),
+                source=extract_code(completion.text, prompt),
                 adhoc=False,
                 model_stages=True,
                 candidate=ref,

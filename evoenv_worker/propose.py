@@ -10,6 +10,9 @@ examples the solver never (or always) solves mostly breed candidates calibration
 from __future__ import annotations
 
 import ast
+import builtins
+import functools
+import importlib
 import random
 import re
 from collections.abc import Sequence
@@ -215,12 +218,13 @@ _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTAL
 _START = re.compile(r"^(?:from|import|class|\"\"\"|#)\b", re.MULTILINE)
 
 
-def extract_code(text: str) -> str:
+def extract_code(text: str, prompt: str = "") -> str:
     """The environment file in a response: the fenced block that defines a class (the last
     such, else the longest fence), or an unterminated fence, or the text from the first line
-    that starts code, with `with_missing_imports`. Empty when there is nothing that looks like
-    code (L1 rejects it)."""
-    return with_missing_imports(_code_in(text))
+    that starts code; completed with `with_missing_helpers` (from the examples in `prompt`)
+    and `with_missing_imports`. Empty when there is nothing that looks like code (L1 rejects
+    it)."""
+    return with_missing_imports(with_missing_helpers(_code_in(text), prompt))
 
 
 def _code_in(text: str) -> str:
@@ -237,35 +241,98 @@ def _code_in(text: str) -> str:
     return text[start.start() :].strip() + "\n" if start else ""
 
 
-def with_missing_imports(code: str) -> str:
-    """`code` with `import m` added for each allowlisted standard-library module `m` that it
-    uses as `m.name` but never binds (imports, assigns or takes as an argument), and with
-    `from shared.environment import Environment` added when a class derives from an unbound
-    `Environment`. Imitating an example, the 0.5B generator drops `import random` /
-    `import re` (L2: "name 're' is not defined") and now and then the base class's import (L1:
-    "the file does not import Environment", 2 of 12 candidates in a half-hour `evoenv up` run):
-    boilerplate, completed here so that the rest of the file gets judged. Nothing else is
-    changed; code that does not parse is returned as it is (L1 reports it)."""
+def with_missing_helpers(code: str, prompt: str) -> str:
+    """`code` with the module-level functions and constants of the example files shown in
+    `prompt` that it calls but never defines, copied in above its first class (with those they
+    use in turn). A proposal writes its own class and calls the example's `_parse_int` without
+    defining it (L2: "name '_parse_int' is not defined", 5 of 44 candidates in a half-hour
+    `evoenv up` run): the helper it meant is the one it was shown. Code or examples that do not
+    parse are left as they are."""
+    shown = shown_helpers(prompt)
+    if not shown:
+        return code
     try:
         tree = ast.parse(code)
     except SyntaxError:
         return code
-    bound: set[str] = set()
-    used: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-            bound.add(node.id)
-        elif isinstance(node, ast.Import | ast.ImportFrom):
-            bound.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            bound.add(node.name)
-        elif isinstance(node, ast.arg):
-            bound.add(node.arg)
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            bound.add(node.name)
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-            used.add(node.value.id)
-    missing = [f"import {m}\n" for m in sorted((used - bound) & (ALLOWED_MODULES - {"__future__"}))]
+    bound, loaded = _names(tree)
+    wanted = [name for name in shown if name in loaded - bound]
+    added: dict[str, str] = {}
+    while wanted:
+        name = wanted.pop(0)
+        if name in added:
+            continue
+        added[name] = shown[name]
+        _, uses = _names(ast.parse(shown[name]))
+        wanted += [n for n in shown if n in uses - bound and n not in added]
+    if not added:
+        return code
+    helpers = "".join(source + "\n\n\n" for name, source in shown.items() if name in added)
+    classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
+    lines = code.splitlines(keepends=True)
+    if not classes:
+        return code.rstrip("\n") + "\n\n\n" + helpers.rstrip("\n") + "\n"
+    first = classes[0]
+    at = min([first.lineno, *(d.lineno for d in first.decorator_list)]) - 1
+    return "".join(lines[:at]) + helpers + "".join(lines[at:])
+
+
+def shown_helpers(prompt: str) -> dict[str, str]:
+    """The module-level functions and single-name constants of the Python files fenced in a
+    proposal prompt, by name, in the order shown (the first definition of a name wins)."""
+    helpers: dict[str, str] = {}
+    for block in _FENCE.findall(prompt):
+        try:
+            body = ast.parse(block).body
+        except SyntaxError:
+            continue
+        for node in body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                name = node.name
+            elif (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+            ):
+                name = node.targets[0].id
+            else:
+                continue
+            segment = ast.get_source_segment(block, node, padded=False)
+            if segment is not None and name not in helpers:
+                helpers[name] = segment
+    return helpers
+
+
+def with_missing_imports(code: str) -> str:
+    """`code` with `import m` added for each allowlisted standard-library module `m` that it
+    uses as `m.name` but never binds (imports, assigns or takes as an argument); with
+    `from m import name` for a bare name it uses but never binds that an allowlisted module
+    exports (`deque`, `lru_cache`, `gcd`; `MODULE_ORDER` decides a name several export); and
+    with `from shared.environment import Environment` when a class derives from an unbound
+    `Environment`. Imitating an example, the 0.5B generator drops `import random` /
+    `import re` (L2: "name 're' is not defined"), `from collections import deque`, and now and
+    then the base class's import (L1: "the file does not import Environment", 3 of 16
+    candidates in a half-hour `evoenv up` run): boilerplate, completed here so that the rest
+    of the file gets judged. Nothing else is changed; code that does not parse is returned as
+    it is (L1 reports it)."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return code
+    bound, loaded = _names(tree)
+    attribute_of = {
+        node.value.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+    }
+    unbound = loaded - bound
+    missing = [f"import {m}\n" for m in sorted(unbound & attribute_of & _IMPORTABLE)]
+    exported = _exported_names()
+    missing += [
+        f"from {exported[name]} import {name}\n"
+        for name in sorted(unbound - _IMPORTABLE)
+        if name in exported
+    ]
     bases = {
         base.id
         for node in ast.walk(tree)
@@ -284,6 +351,66 @@ def with_missing_imports(code: str) -> str:
     lines = code.splitlines(keepends=True)
     at = body[first].lineno - 1 if first < len(body) else len(lines)
     return "".join(lines[:at]) + "".join(missing) + "".join(lines[at:])
+
+
+_IMPORTABLE = ALLOWED_MODULES - {"__future__"}
+
+MODULE_ORDER = (
+    "collections",
+    "itertools",
+    "functools",
+    "math",
+    "heapq",
+    "bisect",
+    "fractions",
+    "decimal",
+    "string",
+    "statistics",
+    "operator",
+    "random",
+    "re",
+    "json",
+    "dataclasses",
+    "enum",
+    "typing",
+)
+"""Where a bare name several allowlisted modules export is imported from, first wins
+(`Counter` from collections, not typing)."""
+
+
+@functools.cache
+def _exported_names() -> dict[str, str]:
+    """Public names of the allowlisted modules (standard library only, never the file's code),
+    except builtins and one-letter names (`math.e`), each with the module it comes from."""
+    exported: dict[str, str] = {}
+    order = [m for m in MODULE_ORDER if m in _IMPORTABLE]
+    order += sorted(_IMPORTABLE - set(order))
+    for module_name in order:
+        module = importlib.import_module(module_name)
+        names = getattr(module, "__all__", None) or [n for n in dir(module) if n[:1] != "_"]
+        for name in names:
+            if len(name) > 1 and not name.startswith("_") and not hasattr(builtins, name):
+                exported.setdefault(name, module_name)
+    return exported
+
+
+def _names(tree: ast.AST) -> tuple[set[str], set[str]]:
+    """(names the code binds anywhere: assignments, imports, definitions, arguments,
+    exception names; names it reads)."""
+    bound: set[str] = set()
+    loaded: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            bound.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    return bound, loaded
 
 
 def _is_future_import(node: ast.stmt) -> bool:

@@ -15,11 +15,13 @@ from evoenv_worker.propose import (
     extract_code,
     helpers_first,
     proposal_messages,
+    with_missing_helpers,
     with_missing_imports,
 )
 from evoenv_worker.review import parse_verdict, review_messages, summarise
 from evoenv_worker.sandbox.host import Sandbox
 from evoenv_worker.static import check_static
+from evoenv_worker.validate import validate_source
 from shared.config import Settings
 from shared.messages import Trace
 
@@ -92,6 +94,53 @@ def test_extraction_adds_the_base_class_import_a_proposal_dropped() -> None:
         assert code.count("from shared.environment import Environment") == 1
     aliased = "from shared.environment import Environment as Base\n\n\nclass A(Base):\n    pass\n"
     assert with_missing_imports(aliased) == aliased  # bound under another name: unchanged
+
+
+def test_a_proposal_calling_its_example_helpers_gets_them_and_passes_l1_to_l5() -> None:
+    """Each seed's class alone (its helpers, constants and imports dropped), answered to a
+    prompt showing that seed: completed from the prompt, it is admitted at L1-L5 again."""
+    settings = Settings()
+    completed = 0
+    with Sandbox(settings.sandbox) as box:
+        for path in SEEDS:
+            source = path.read_text("utf-8")
+            tree = ast.parse(source)
+            (cls,) = [node for node in tree.body if isinstance(node, ast.ClassDef)]
+            class_only = ast.get_source_segment(source, cls) or ""
+            prompt = proposal_messages([Example(path.stem, "equality", source, "x")])[-1]
+            code = extract_code(f"```python\n{class_only}\n```", prompt["content"])
+            report = validate_source(code.encode(), path.name, box, settings)
+            assert report.failed_stage is None, (path.name, report.stages[-1].detail, code)
+            completed += code.count("\ndef ") > 0
+    assert completed >= 8  # the seeds with module-level helpers
+    assert with_missing_helpers("class A(:\n", prompt["content"]) == "class A(:\n"
+
+
+def test_helpers_come_only_from_the_prompt_and_only_when_called() -> None:
+    prompt = "```python\nLIMIT = 3\n\n\ndef _clip(x):\n    return min(x, LIMIT)\n```"
+    calls = "class A:\n    def f(self, x):\n        return _clip(x)\n"
+    assert with_missing_helpers(calls, prompt) == (
+        "LIMIT = 3\n\n\ndef _clip(x):\n    return min(x, LIMIT)\n\n\nclass A:\n"
+        "    def f(self, x):\n        return _clip(x)\n"
+    )
+    own = "def _clip(x):\n    return x\n\n\n" + calls  # defined its own: kept as it is
+    assert with_missing_helpers(own, prompt) == own
+    assert with_missing_helpers(calls, "") == calls  # no examples: nothing to add
+
+
+def test_bare_names_of_allowlisted_modules_are_imported() -> None:
+    code = (
+        "class A:\n    def f(self, xs):\n        q = deque(xs)\n"
+        "        return gcd(len(q), 4), Counter(q), undefined_thing\n"
+    )
+    completed = with_missing_imports(code)
+    assert completed.splitlines()[:3] == [
+        "from collections import Counter",
+        "from collections import deque",
+        "from math import gcd",
+    ]
+    assert "undefined_thing" not in completed.split("class")[0]  # not exported: left to L2
+    assert with_missing_imports("e = 1\nprint(len([e]))\n") == "e = 1\nprint(len([e]))\n"
 
 
 def test_examples_are_distinct_and_spread_across_kinds() -> None:
