@@ -28,6 +28,7 @@ from evoenv_worker.propose import (
     Example,
     choose_examples,
     extract_code,
+    prompt_text,
     proposal_messages,
 )
 from evoenv_worker.sandbox.host import Sandbox
@@ -104,8 +105,7 @@ def main() -> None:
                     messages,
                     Sampling(n=1, temperature=temperature, max_tokens=args.max_tokens),
                 )
-                prompt = "\n\n".join(m["content"] for m in messages)
-                code = extract_code(completion.text, prompt).encode()
+                code = extract_code(completion.text, prompt_text(messages)).encode()
                 report = validate_source(code, "candidate.py", sandbox, settings)
                 funnel[report.failed_stage or "passed"] += 1
             rows.append((temperature, funnel, time.perf_counter() - started))

@@ -34,11 +34,11 @@ log = structlog.get_logger(__name__)
 def propose(ctx: WorkerContext, job: ProposalJob) -> list[ValidateJob]:
     """Sample G candidates; open their generation group; one validation job per candidate."""
     from evoenv_worker.generate import record
-    from evoenv_worker.propose import extract_code
+    from evoenv_worker.propose import extract_code, prompt_text
 
     sampling = Sampling(n=job.group_size, temperature=job.temperature, max_tokens=job.max_tokens)
     completions = [record(c) for c in ctx.inference().chat(job.messages, sampling)]
-    prompt = "\n\n".join(m["content"] for m in job.messages)
+    prompt = prompt_text(job.messages)
     open_group(
         ctx,
         job.run,

@@ -15,8 +15,9 @@ import functools
 import importlib
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from evoenv_worker.static import ALLOWED_MODULES, BASE_CLASS, BASE_MODULE
 
@@ -214,6 +215,12 @@ def proposal_messages(examples: Sequence[Example], topic: str = "") -> list[dict
     ]
 
 
+def prompt_text(messages: Sequence[Mapping[str, str]]) -> str:
+    """A chat prompt as one text (what a generation group records, and where
+    `extract_code` finds the example files)."""
+    return "\n\n".join(m["content"] for m in messages)
+
+
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _START = re.compile(r"^(?:from|import|class|\"\"\"|#)\b", re.MULTILINE)
 
@@ -267,19 +274,20 @@ def with_missing_helpers(code: str, prompt: str) -> str:
         wanted += [n for n in shown if n in uses - bound and n not in added]
     if not added:
         return code
+    first = next((node for node in tree.body if isinstance(node, ast.ClassDef)), None)
+    if first is None:
+        return code  # no class: L1 rejects it whatever is added
     helpers = "".join(source + "\n\n\n" for name, source in shown.items() if name in added)
-    classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
     lines = code.splitlines(keepends=True)
-    if not classes:
-        return code.rstrip("\n") + "\n\n\n" + helpers.rstrip("\n") + "\n"
-    first = classes[0]
     at = min([first.lineno, *(d.lineno for d in first.decorator_list)]) - 1
     return "".join(lines[:at]) + helpers + "".join(lines[at:])
 
 
-def shown_helpers(prompt: str) -> dict[str, str]:
+@functools.lru_cache(maxsize=16)
+def shown_helpers(prompt: str) -> Mapping[str, str]:
     """The module-level functions and single-name constants of the Python files fenced in a
-    proposal prompt, by name, in the order shown (the first definition of a name wins)."""
+    proposal prompt, by name, in the order shown (the first definition of a name wins).
+    Cached: every candidate of a group is completed from the same prompt."""
     helpers: dict[str, str] = {}
     for block in _FENCE.findall(prompt):
         try:
@@ -300,7 +308,7 @@ def shown_helpers(prompt: str) -> dict[str, str]:
             segment = ast.get_source_segment(block, node, padded=False)
             if segment is not None and name not in helpers:
                 helpers[name] = segment
-    return helpers
+    return MappingProxyType(helpers)
 
 
 def with_missing_imports(code: str) -> str:
