@@ -37,13 +37,11 @@ training). (2) `evoenv learner --steps STEPS`, restricted to `edit_distance` at 
 The reward is the environment's own score (1 for the exact distance, else 0; no answer span is
 a format error, reward 0): no reward shaping of any kind.
 
-Learning settings, measured: 3 steps of 4 groups of 8 completions (96 sequences of ~150
+Learning settings, measured: 3 steps of 12 groups of 4 completions (144 sequences of ~150
 tokens), temperature 1, learning rate 5e-6 (the default 1e-6 moves the bfloat16 weights vLLM
 serves too little in 3 steps). At 1e-5 and above the policy was unstable within 2-3 steps on
 this task: greedy pass rate 0.23 -> 0.34 after one step, then 0.00 (bare digits without the
-answer tags: format errors), or collapsed onto "0" (0.03); once onto "1" (0.47). A run at the
-settings below, on 128 instances: 0.27 -> 0.49 (44 wrong->right, 15 right->wrong, p = 1e-4),
-about 10 minutes with the cluster's start on the shared 2-core machine.
+answer tags: format errors), or collapsed onto "0" (0.03); once onto "1" (0.47).
 
 Statistics. The outcomes are paired by instance. Let b be the instances wrong before and right
 after, c those right before and wrong after. Under the null hypothesis that training changes
@@ -51,6 +49,17 @@ nothing (each changed outcome equally likely to go either way), b ~ Binomial(b +
 test asserts the exact one-sided sign test (McNemar's exact test) gives p < 0.01, and that the
 mean reward rose by at least `MIN_RISE`. Greedy decoding makes the before and after
 measurements deterministic for a given policy: all the noise is in the training run.
+
+Why 12 groups of 4 and 256 instances. In three steps the model learns little more than which
+short answers to prefer for this kind of prompt, so a step pulls towards the answers of the
+instances in its batch. With 4 groups of 8 (4 instances a step) the outcome was a coin toss
+between runs on 128 held-out instances: 0.27 -> 0.49 (p = 1e-4) once, 0.266 -> 0.383 (38
+wrong->right, 23 right->wrong, p = 0.036) in CI, and on 256 instances 0.281 -> 0.293 (54
+wrong->right, 51 right->wrong, p = 0.42), the training batches' own mean reward falling from
+0.31 to 0.16 over the three steps. 12 groups of 4 put three times as many instances in each
+step for 1.5x the sequences (most groups of 4 have no reward variance and are skipped, so
+more are sampled): the run at these settings passed (16 minutes with the cluster's start).
+256 held-out instances: the same proportions as the CI run above give p = 0.004 there.
 """
 
 from __future__ import annotations
@@ -68,18 +77,18 @@ from shared import keys
 from shared.environment import EVAL_SEEDS
 from shared.rollouts import decode_entry
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1500)]
 
 ENV = "edit_distance"
 DIFFICULTY = 1
-INSTANCES = 128
-"""Held-out instances, the same ones before and after training."""
+INSTANCES = 256
+"""Held-out instances, the same ones before and after training (see Statistics)."""
 MAX_TOKENS = 32
 """Longest completion, in training and evaluation (the model answers in about 8 tokens)."""
 STEPS = 3
 LEARNING_RATE = 5e-6
-GROUP_SIZE = 8
-BATCH_GROUPS = 4
+GROUP_SIZE = 4
+BATCH_GROUPS = 12
 BAND = (0.10, 0.60)
 """The pass rate before training must lie here (the issue's 10-60 %)."""
 ALPHA = 0.01
@@ -171,7 +180,7 @@ def test_held_out_reward_rises_after_training(cluster: Cluster, tmp_path: Path) 
             env=learner_env(cluster, tmp_path / "run"),
             stdout=out,
             stderr=subprocess.STDOUT,
-            timeout=720,
+            timeout=1080,
             check=False,
         )
     assert trained.returncode == 0, log.read_text()[-4000:]
