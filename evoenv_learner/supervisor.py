@@ -1,11 +1,16 @@
 """Child processes of `evoenv up`: start them, restart the ones that die, stop them all.
 
 Each child runs in its own session (process group), with its output in RUN/logs/NAME.log;
-stopping sends SIGTERM to the whole group, then SIGKILL after a grace period, so nothing is
-left behind (vLLM's engine and Celery's pool processes included). Descendants that left the
+stopping sends SIGTERM to the whole group, then SIGKILL once its `grace` is over, so nothing
+is left behind (vLLM's engine and Celery's pool processes included). Descendants that left the
 group (a process that starts its own session) are tracked from /proc while the child lives
 and killed with it: otherwise a killed child's orphans can keep its port. A child that dies is
 restarted with a growing delay, at most `max_restarts` times.
+
+`stop_all` stops the children layer by layer, the highest `layer` first (the workers before
+the services they use), and the children of one layer together: one after the other, a Ctrl-C
+of `evoenv up` took 41-54 s, the generation worker's whole 20 s grace (a vLLM request in
+flight) plus every other child's own stop.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ import structlog
 
 log = structlog.get_logger(__name__)
 
+STOP_GRACE = 20.0
+"""Seconds a child has to exit after SIGTERM before SIGKILL."""
+
 
 @dataclass
 class Child:
@@ -37,6 +45,10 @@ class Child:
     """Called once a restarted child is ready again (the vLLM server: push the weights)."""
     cpus: frozenset[int] | None = None
     """Cores the child may run on (None: the parent's at the time of the start)."""
+    layer: int = 0
+    """Stop order: higher layers stop first, one layer at a time (`Supervisor.stop_all`)."""
+    grace: float = STOP_GRACE
+    """Seconds it has to exit after SIGTERM before SIGKILL."""
     tree: set[int] = field(default_factory=set)
     """Its descendants as last seen (`Supervisor.watch` refreshes it)."""
     proc: subprocess.Popen[bytes] | None = None
@@ -63,17 +75,22 @@ class Child:
         self.started_at = time.monotonic()
         log.info("child_started", child=self.name, pid=self.proc.pid)
 
-    def stop(self, grace: float = 20.0) -> None:
+    def terminate(self) -> None:
+        """Ask its whole group to stop (SIGTERM); `finish` waits for it."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+
+    def finish(self, deadline: float) -> None:
+        """Wait for it until `deadline` (time.monotonic()), then SIGKILL whatever is left of
+        its group and descendants."""
         proc = self.proc
         if proc is None:
             return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                log.warning("child_killed", child=self.name, after_seconds=grace)
+        try:
+            proc.wait(max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            log.warning("child_killed", child=self.name, after_deadline=True)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of its group
         proc.wait()
@@ -147,9 +164,15 @@ class Supervisor:
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
 
     def stop_all(self) -> None:
-        """Stop every child, last started first."""
-        for child in reversed(self.children):
-            child.stop()
+        """Stop every child: layer by layer, highest first; within a layer all at once, each
+        given its `grace` from the layer's SIGTERM before SIGKILL."""
+        for layer in sorted({child.layer for child in self.children}, reverse=True):
+            children = [child for child in self.children if child.layer == layer]
+            for child in children:
+                child.terminate()
+            signalled = time.monotonic()
+            for child in children:
+                child.finish(signalled + child.grace)
 
 
 def descendants(*roots: int, parents: dict[int, int] | None = None) -> set[int]:

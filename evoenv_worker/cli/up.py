@@ -70,6 +70,14 @@ def up(
         raise typer.Exit(EXIT_ERROR)
 
 
+WORKERS_LAYER = 2
+"""The workers and Flower stop first, together; then vLLM (layer 1), then Redis (layer 0)."""
+GENERATION_GRACE = 5.0
+"""Seconds the generation worker has to stop: its jobs are model calls of up to minutes,
+which a longer wait would not see through (it took the whole 20 s default at every Ctrl-C);
+an unfinished job goes back to its queue, as for any killed worker."""
+
+
 CPU_SIZES = {
     "EVOENV_GRPO__GROUP_SIZE": "4",
     "EVOENV_GRPO__BATCH_GROUPS": "2",
@@ -199,6 +207,7 @@ async def _up(settings: Settings) -> dict[str, Any]:
                 logs / "vllm.log",
                 ready=healthy,
                 restarted=republish.set,  # a restarted server serves the base weights
+                layer=1,  # stopped after the workers, whose requests it serves
             )
         )
         updates["vllm_urls"] = [url]
@@ -220,24 +229,29 @@ async def _up(settings: Settings) -> dict[str, Any]:
             _evoenv("worker", "-Q", keys.GENERATION_QUEUE),
             env,
             logs / "worker-generation.log",
+            layer=WORKERS_LAYER,
+            grace=GENERATION_GRACE,
         ),
         Child(
             "worker-validation",
             _evoenv("worker", "-Q", keys.VALIDATION_QUEUE, "-c", "1"),
             env,
             logs / "worker-validation.log",
+            layer=WORKERS_LAYER,
         ),
         Child(
             "worker-grading",
             _evoenv("worker", "-Q", keys.GRADING_QUEUE, "-c", "1"),
             env,
             logs / "worker-grading.log",
+            layer=WORKERS_LAYER,
         ),
         Child(
             "flower",
             _evoenv("flower"),
             {**env, "EVOENV_FLOWER__PORT": str(flower_port)},
             logs / "flower.log",
+            layer=WORKERS_LAYER,
         ),
     ]
     (run_dir / "settings.json").write_text(json.dumps(settings.masked(), indent=2, default=str))

@@ -109,3 +109,44 @@ def test_descendants_in_a_session_of_their_own_die_with_the_child(tmp_path: Path
     assert not any(_alive(pid) for pid in escaped), "the grandchild outlived its parent"
     supervisor.stop_all()
     assert not any(_alive(pid) for pid in child.tree)
+
+
+SLOW_TO_STOP = """
+import signal, sys, time
+def stop(*_):
+    time.sleep(float(sys.argv[1]))
+    with open(sys.argv[2], "w") as out:
+        out.write(repr(time.time()))
+    raise SystemExit(0)
+signal.signal(signal.SIGTERM, stop)
+open(sys.argv[2] + ".ready", "w").close()
+time.sleep(600)
+"""
+
+
+def test_stop_all_stops_a_layer_together_and_the_layers_in_order(tmp_path: Path) -> None:
+    # Two workers (layer 1) that take 2 s each to exit on SIGTERM, and the service they use
+    # (layer 0): the workers stop together (about 2 s, not 4), the service only after both.
+    def child(name: str, layer: int, seconds: float) -> Child:
+        argv = [sys.executable, "-c", SLOW_TO_STOP, str(seconds), str(tmp_path / name)]
+        return Child(name, argv, dict(os.environ), tmp_path / f"{name}.log", layer=layer, grace=10)
+
+    supervisor = Supervisor()
+    service = supervisor.add(child("service", 0, 0.0))
+    workers = [supervisor.add(child(f"worker{k}", 1, 2.0)) for k in range(2)]
+    for each in supervisor.children:
+        each.start()
+    deadline = time.monotonic() + 30
+    while not all((tmp_path / f"{c.name}.ready").exists() for c in supervisor.children):
+        assert time.monotonic() < deadline, "the children did not start"
+        time.sleep(0.05)
+    pids = [c.proc.pid for c in supervisor.children]  # type: ignore[union-attr]
+
+    started = time.time()
+    supervisor.stop_all()
+    took = time.time() - started
+
+    stopped = {c.name: float((tmp_path / c.name).read_text()) for c in supervisor.children}
+    assert 2.0 <= took < 3.5, f"stop_all took {took:.1f} s: the workers were not stopped together"
+    assert stopped[service.name] >= max(stopped[w.name] for w in workers)
+    assert not any(_alive(pid) for pid in pids)
