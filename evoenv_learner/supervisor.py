@@ -48,7 +48,6 @@ class Child:
     layer: int = 0
     """Stop order: higher layers stop first, one layer at a time (`Supervisor.stop_all`)."""
     grace: float = STOP_GRACE
-    """Seconds it has to exit after SIGTERM before SIGKILL."""
     tree: set[int] = field(default_factory=set)
     """Its descendants as last seen (`Supervisor.watch` refreshes it)."""
     proc: subprocess.Popen[bytes] | None = None
@@ -81,16 +80,16 @@ class Child:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
 
-    def finish(self, deadline: float) -> None:
-        """Wait for it until `deadline` (time.monotonic()), then SIGKILL whatever is left of
-        its group and descendants."""
+    def finish(self, signalled: float) -> None:
+        """Wait for it until its `grace` from `signalled` (the time.monotonic() of the SIGTERM)
+        is over, then SIGKILL whatever is left of its group and descendants."""
         proc = self.proc
         if proc is None:
             return
         try:
-            proc.wait(max(deadline - time.monotonic(), 0.0))
+            proc.wait(max(signalled + self.grace - time.monotonic(), 0.0))
         except subprocess.TimeoutExpired:
-            log.warning("child_killed", child=self.name, after_deadline=True)
+            log.warning("child_killed", child=self.name, after_seconds=self.grace)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of its group
         proc.wait()
@@ -172,7 +171,7 @@ class Supervisor:
                 child.terminate()
             signalled = time.monotonic()
             for child in children:
-                child.finish(signalled + child.grace)
+                child.finish(signalled)
 
 
 def descendants(*roots: int, parents: dict[int, int] | None = None) -> set[int]:

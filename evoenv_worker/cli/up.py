@@ -70,8 +70,9 @@ def up(
         raise typer.Exit(EXIT_ERROR)
 
 
-WORKERS_LAYER = 2
-"""The workers and Flower stop first, together; then vLLM (layer 1), then Redis (layer 0)."""
+VLLM_LAYER, WORKERS_LAYER = 1, 2
+"""Stop order (`Child.layer`): the workers and Flower first, together; then vLLM, whose
+requests they make; then Redis (layer 0, the default), which they all use."""
 GENERATION_GRACE = 5.0
 """Seconds the generation worker has to stop: its jobs are model calls of up to minutes,
 which a longer wait would not see through (it took the whole 20 s default at every Ctrl-C);
@@ -207,7 +208,7 @@ async def _up(settings: Settings) -> dict[str, Any]:
                 logs / "vllm.log",
                 ready=healthy,
                 restarted=republish.set,  # a restarted server serves the base weights
-                layer=1,  # stopped after the workers, whose requests it serves
+                layer=VLLM_LAYER,
             )
         )
         updates["vllm_urls"] = [url]
