@@ -1,13 +1,17 @@
 """The fork server that runs inside the sandbox. Standard library only.
 
 Started by `host.Sandbox` as `python -I -S -B runner.py ROOT [--confine]`, where ROOT holds the
-`shared` package. It reads one JSON request per line on stdin and, for each, forks a child that
-confines itself further (rlimits, then `confine.confine_child` when confined), loads the
-environment source and runs the request's operations in order, writing one JSON line per
-operation to a private pipe. The server checks each line (exactly one JSON object, with the
-expected "i" and a boolean "ok") and relays it to stdout as it is, enforces the per-operation
-time limit and the output cap, and forks a fresh child for the remaining operations when one
-dies or overruns. It ends every request with a `{"done": true}` line, once the child is reaped.
+`shared` package. It reads one JSON request per line on stdin and hands each to a child: a
+spare forked and confined before the request came (`Spare`: fork, rlimits and, when confined,
+`confine.confine_child`, then a rehearsal with an environment of ours, `_rehearse`), which
+takes its work over a pipe, sets the request's own limits, loads the environment source and
+runs the request's operations in order, writing one JSON line per operation to a private pipe.
+While it works the server forks the next spare. The server checks each line (exactly one JSON
+object, with the expected "i" and a boolean "ok") and relays it to stdout as it is, enforces
+the per-operation time limit and the output cap, and takes a fresh child for the remaining
+operations when one dies or overruns. It ends every request with a `{"done": true}` line once
+every child of the request is dead or SIGKILLed (it can run nothing more), and reaps those
+before it reads the next request.
 
 The server itself never runs environment code. A child can only forge the results of its own
 request (it is the code being judged, so that gives it nothing its routines could not do);
@@ -56,6 +60,7 @@ import signal
 import sys
 import time
 import types
+from collections.abc import Callable
 from typing import Any
 
 MAX_FAILURES_PER_REQUEST = 3
@@ -75,6 +80,8 @@ source is not here compiles it and sends the marshalled code object as its first
 any environment code has run in it (so the bytes are a pure function of the source), and later
 children unmarshal it instead of compiling. The server only stores the bytes; it never
 unmarshals or runs them."""
+_rehearsal: list[types.CodeType] = []
+"""The compiled `REHEARSAL` module, made once by the server (`_rehearse`)."""
 _quiet: list[Any] = []
 """The text stream a child's `sys.stdout` and `sys.stderr` become (writes to its fd 1, which is
 /dev/null), made once by the server: opening one in every child costs a quarter millisecond."""
@@ -97,6 +104,9 @@ def main() -> None:
     out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     _quiet.append(open(1, "w", closefd=False))  # noqa: SIM115 - lives as long as the server
+    _rehearsal.append(compile(REHEARSAL, "rehearsal.py", "exec"))
+    spare = Spare(confined)
+    spare.refill()
     _emit(out, {"ready": True, "python": sys.version.split()[0], "confinement": status})
     for line in sys.stdin.buffer:
         try:
@@ -106,8 +116,9 @@ def main() -> None:
         except (ValueError, KeyError, TypeError) as exc:
             _emit(out, {"done": True, "error": f"malformed request: {exc}"})
             continue
-        serve_request(out, request, source, ops, confined)
+        serve_request(out, request, source, ops, spare)
         _emit(out, {"done": True})
+        _reap_stopped()
 
 
 def _emit(out: Any, message: dict[str, Any]) -> None:
@@ -117,8 +128,46 @@ def _emit(out: Any, message: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- the server side
 
 
+class Spare:
+    """The next child, forked and confined before its request comes.
+
+    Forking a child and confining it (rlimits, Landlock, seccomp) is most of a request's fixed
+    cost, and none of it depends on the request. So the server keeps one child ready: forked
+    and confined, waiting for its work on a pipe, with no environment code run in it. A
+    request takes it, hands it the work, and forks the next spare while this one runs (on
+    another core, or while the host waits anyway). A spare serves one request, as any child.
+    """
+
+    def __init__(self, confined: bool) -> None:
+        self.confined = confined
+        self.ready: tuple[int, int, int] | None = None
+        """(pid, the write end of its work pipe, the read end of its result pipe)."""
+
+    def refill(self) -> None:
+        if self.ready is None:
+            self.ready = _fork_child(self.confined)
+
+    def take(self) -> tuple[int, int, int]:
+        """The spare (a fresh one when there is none), now the caller's."""
+        self.refill()
+        assert self.ready is not None
+        taken, self.ready = self.ready, None
+        return taken
+
+
+def _fork_child(confined: bool) -> tuple[int, int, int]:
+    work_read, work_write = os.pipe()
+    result_read, result_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        _child(work_read, result_write, confined)
+    os.close(work_read)
+    os.close(result_write)
+    return pid, work_write, result_read
+
+
 def serve_request(
-    out: Any, request: dict[str, Any], source: str, ops: list[Any], confined: bool
+    out: Any, request: dict[str, Any], source: str, ops: list[Any], spare: Spare
 ) -> None:
     limits = request.get("limits", {})
     filename = request.get("filename", "environment.py")
@@ -140,15 +189,18 @@ def serve_request(
         batch = [(i, _resolve(ops[i], done)) for i in pending]
         key = (filename, source) if isinstance(filename, str) and isinstance(source, str) else None
         code = _cached_code(key)
-        read_fd, write_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: never returns
+        work = _work(source, filename, batch, limits, code, key is not None)
+        started = time.monotonic()
+        pid, work_fd, read_fd = spare.take()
+        if not _hand_over(work_fd, work):  # it died waiting: a fresh one
+            _kill(pid)
             os.close(read_fd)
-            _child(write_fd, source, filename, batch, limits, confined, code, key is not None)
-        os.close(write_fd)
+            pid, work_fd, read_fd = spare.take()
+            _hand_over(work_fd, work)
+        spare.refill()  # while this child works
         cache_key = key if code is None else None
         finished, failure = _relay(
-            out, read_fd, pid, pending, op_seconds, output_bytes, done, cache_key
+            out, read_fd, pid, pending, op_seconds, output_bytes, done, cache_key, started
         )
         os.close(read_fd)
         pending = pending[finished:]
@@ -156,6 +208,33 @@ def serve_request(
             failures += 1
             _emit(out, failure)
             pending = pending[1:]
+
+
+def _work(
+    source: Any,
+    filename: Any,
+    batch: list[tuple[int, Any]],
+    limits: dict[str, Any],
+    code: bytes | None,
+    cacheable: bool,
+) -> bytes:
+    """What a child needs for its request, as bytes for its work pipe: marshal, since all of
+    it came from JSON (the request, or results the server parsed), nested no deeper than
+    `json.loads` allows, well within marshal's depth."""
+    return marshal.dumps((source, filename, batch, limits, code, cacheable))
+
+
+def _hand_over(fd: int, work: bytes) -> bool:
+    """Write `work` to a spare's work pipe and close it; False if the spare is gone."""
+    try:
+        view = memoryview(work)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BrokenPipeError:
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def _resolve(op: Any, done: dict[int, dict[str, Any]]) -> Any:
@@ -183,21 +262,23 @@ def _relay(
     op_seconds: float,
     cap: int,
     done: dict[int, dict[str, Any]],
-    cache_key: tuple[str, str] | None = None,
+    cache_key: tuple[str, str] | None,
+    started: float,
 ) -> tuple[int, dict[str, Any] | None]:
     """Copy the child's result lines to `out`; return how many finished and the failure, if any.
 
     With `cache_key`, the child's first line is its code line (`_send_code`), kept, not relayed.
+    The first op's time counts from `started`, when the child was handed its work.
     """
     buffer = b""
     finished = 0
-    deadline = time.monotonic() + op_seconds
+    deadline = started + op_seconds
     while finished < len(pending):
         index = pending[finished]
         remaining = deadline - time.monotonic()
         ready, _, _ = select.select([fd], [], [], max(remaining, 0))
         if not ready:
-            _kill(pid)
+            _stop(pid)
             return finished, _fail(index, "timeout", "", f"no result within {op_seconds:g} s")
         chunk = os.read(fd, 1 << 16)
         if not chunk:  # dead, or it closed its pipe and lives on: kill before waiting
@@ -213,7 +294,7 @@ def _relay(
                 continue
             result = _parse_child_line(line, index)
             if result is None:
-                _kill(pid)
+                _stop(pid)
                 return finished, _fail(index, "output", "", "the child wrote a malformed result")
             if result.get("ok"):
                 done[index] = result
@@ -224,11 +305,11 @@ def _relay(
             finished += 1
             deadline = time.monotonic() + op_seconds
         if len(buffer) > cap:
-            _kill(pid)
+            _stop(pid)
             return finished, _fail(
                 pending[finished], "output", "", f"result larger than {cap} bytes"
             )
-    _kill(pid)  # it has answered everything; it must not outlive the request (os._exit patched)
+    _stop(pid)  # it has answered everything; it must not outlive the request (os._exit patched)
     return finished, None
 
 
@@ -266,6 +347,27 @@ def _parse_child_line(line: bytes, index: int) -> dict[str, Any] | None:
     return result
 
 
+_stopped: list[int] = []
+"""Children killed during the current request, reaped once its done line is out."""
+
+
+def _stop(pid: int) -> None:
+    """SIGKILL a child that needs no post-mortem: it can run nothing more, so the request
+    can end before the kernel has finished tearing it down (`_reap_stopped`)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    _stopped.append(pid)
+
+
+def _reap_stopped() -> None:
+    """Wait for the children `_stop` killed, after the done line: the host reads the results
+    while their memory is freed, and the server reads no request before they are gone."""
+    while _stopped:
+        os.waitpid(_stopped.pop(), 0)
+
+
 def _kill(pid: int) -> tuple[str, str, str]:
     """SIGKILL the child and reap it. A child that already exited keeps its own status."""
     try:
@@ -294,18 +396,17 @@ def _fail(index: int, kind: str, routine: str, error: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the child side
 
 
-def _child(
-    write_fd: int,
-    source: str,
-    filename: str,
-    batch: list[tuple[int, Any]],
-    limits: dict[str, Any],
-    confined: bool,
-    code: bytes | None,
-    cacheable: bool,
-) -> None:
+def _child(work_fd: int, write_fd: int, confined: bool) -> None:
+    """A spare: confine itself, wait for its work, run it, write the results, exit."""
     try:
-        _isolate_child(write_fd, limits, len(batch), confined)
+        _isolate_child((work_fd, write_fd), confined)
+        _rehearse()
+        work = _read_all(work_fd)
+        if not work:  # the server went away, or never had work for it
+            return
+        source, filename, batch, limits, code, cacheable = marshal.loads(work)
+        del work
+        _limit_child(limits, len(batch))
         results = os.fdopen(write_fd, "wb", buffering=0)
         dumps = json.dumps
         compiled = _compile(source, filename, code)
@@ -333,18 +434,20 @@ def _child(
         os._exit(0)
 
 
-def _isolate_child(write_fd: int, limits: dict[str, Any], n_ops: int, confined: bool) -> None:
+def _isolate_child(keep: tuple[int, ...], confined: bool) -> None:
+    """What every child gets before it waits for work: only its own pipes open, fds 0-2 on
+    /dev/null, the limits that do not depend on the request, and, confined, the nested
+    Landlock domain and the seccomp filter."""
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    os.closerange(3, write_fd)
-    os.closerange(write_fd + 1, 1 << 16)
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 16)
     # fds 1 and 2 are /dev/null now; so is the stream the server made for this (`_quiet`).
     sys.stdout = sys.stderr = _quiet[0] if _quiet else open(os.devnull, "w")  # noqa: SIM115
-    memory = int(limits.get("memory_mb", 1024)) << 20
-    cpu = int(float(limits.get("op_seconds", 10.0)) * n_ops) + 2
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     # Descriptors hold kernel memory RLIMIT_AS does not count (pipe buffers, epoll, ...).
@@ -353,6 +456,68 @@ def _isolate_child(write_fd: int, limits: dict[str, Any], n_ops: int, confined: 
         import confine
 
         confine.confine_child()
+
+
+REHEARSAL = """
+import random
+
+from shared.environment import Environment
+
+
+class Rehearsal(Environment):
+    name = "rehearsal"
+    description = "Sort some words."
+    oracle = "equality"
+
+    def sample(self, rng: random.Random, difficulty: int) -> dict:
+        return {"words": [str(rng.random()) for _ in range(4 * difficulty)]}
+
+    def solve(self, instance: dict) -> list:
+        return sorted(instance["words"])
+
+    def render(self, instance: dict) -> str:
+        return "Sort these words: " + ", ".join(instance["words"]) + "."
+
+    def score(self, instance: dict, reference: list, answer: str) -> float:
+        return 1.0 if [item.strip() for item in answer.split(",")] == reference else 0.0
+"""
+"""Our own environment, run by every spare before its work comes (`_rehearse`)."""
+REHEARSAL_ANSWERS = 64
+
+
+def _rehearse() -> None:
+    """Go through the motions of a request with `REHEARSAL`, while the spare waits anyway.
+
+    A forked child shares the server's memory copy-on-write, and on this kind of machine (a
+    VM) each page a process first writes after a fork costs about 4.5 us to copy: loading and
+    grading took some 500 such faults, over a millisecond of a request. Most are the same pages
+    for any environment (the allocator's free memory, the objects every load and grade uses);
+    rehearsing with a small environment of ours writes them before the request comes, so its
+    own work finds them private already (about 20 faults). The faults move, they are not added.
+    No environment code has run in the spare when it takes its work: this one is ours.
+    """
+    env = _load(marshal.loads(marshal.dumps(_rehearsal[0])), "rehearsal.py")
+    op = {"op": "grade", "seed": 0, "difficulty": 3, "answers": ["a, b"] * REHEARSAL_ANSWERS}
+    json.loads(json.dumps(run_op(env, op, {}, 0)))
+    del env
+    sys.modules.pop("candidate", None)
+
+
+def _limit_child(limits: dict[str, Any], n_ops: int) -> None:
+    """The request's limits: address space, and CPU time for all of its ops. The filter lets
+    a child set its own limits (never another process's), so this comes after it."""
+    memory = int(limits.get("memory_mb", 1024)) << 20
+    cpu = int(float(limits.get("op_seconds", 10.0)) * n_ops) + 2
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
 
 
 def _unencodable(value: object) -> str:
@@ -570,15 +735,19 @@ def _grade(env: Any, op: dict[str, Any]) -> dict[str, Any]:
             error = "answer must be a string"
         else:
             try:
-                grade = grade_value(score(instance_copy(), reference_copy(), answer))
+                scored = score(instance_copy(), reference_copy(), answer)
             except MemoryError:
                 error = "score ran out of memory"
             except BaseException as exc:  # noqa: BLE001 - this answer's failure, not the op's
                 error = f"score raised {_describe(exc)}"
             else:
-                reward = grade.reward
-                if reward is None:
-                    error = grade.detail
+                if type(scored) is float and 0.0 <= scored <= 1.0:  # most scores: skip the rest
+                    reward = scored
+                else:
+                    grade = grade_value(scored)
+                    reward = grade.reward
+                    if reward is None:
+                        error = grade.detail
         rewards.append(reward)
         errors.append(error)
     seconds = dict(made["seconds"])
@@ -592,12 +761,16 @@ def _grade(env: Any, op: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "value": graded, "seconds": seconds}
 
 
-def _copier(value: Any, round_trips: bool) -> Any:
+def _copier(value: Any, round_trips: bool) -> Callable[[], Any]:
     """A function giving a fresh copy of `value` at each call, as `_copy` would.
 
     A value that survives JSON unchanged holds only dicts, lists, str, int, float, bool and
-    None: marshal (format 2, which shares no objects, as a JSON copy would not) copies it to the
-    same thing several times faster than a JSON round trip, from bytes made once.
+    None. It is snapshotted once (marshal format 2, which shares no objects, as a JSON copy
+    would not), so nothing the environment does to `value` later reaches the copies; then each
+    copy is rebuilt from the snapshot by a tree of copy functions, one per dict or list (a
+    `.copy()` where it holds only atoms, which are immutable), several times faster than
+    unmarshalling on the small values most instances and references are. A snapshot with more
+    than `COPY_TREE_CONTAINERS` dicts and lists is unmarshalled instead.
     """
     if round_trips:
         try:
@@ -605,9 +778,40 @@ def _copier(value: Any, round_trips: bool) -> Any:
         except (ValueError, TypeError, RecursionError, MemoryError):
             pass
         else:
+            tree = _tree_copier(marshal.loads(data), [COPY_TREE_CONTAINERS])
+            if tree is not None:
+                return tree
             loads = marshal.loads
             return lambda: loads(data)
     return lambda: _copy(value, True)
+
+
+def _tree_copier(value: Any, budget: list[int]) -> Callable[[], Any] | None:
+    """`_copier`'s tree for a snapshot; None once it would hold more than `budget` nodes."""
+    kind = type(value)
+    if kind is not dict and kind is not list:
+        return lambda: value
+    budget[0] -= 1
+    if budget[0] < 0:
+        return None
+    if kind is list:
+        if all(type(item) not in _CONTAINERS for item in value):
+            return value.copy
+        items = [_tree_copier(item, budget) for item in value]
+        if any(item is None for item in items):
+            return None
+        return lambda: [item() for item in items]  # type: ignore[misc]
+    if all(type(item) not in _CONTAINERS for item in value.values()):
+        return value.copy
+    pairs = [(key, _tree_copier(item, budget)) for key, item in value.items()]
+    if any(item is None for _, item in pairs):
+        return None
+    return lambda: {key: item() for key, item in pairs}  # type: ignore[misc]
+
+
+_CONTAINERS = (dict, list)
+COPY_TREE_CONTAINERS = 64
+"""Dicts and lists up to which `_copier` copies by a tree of functions, not by marshal."""
 
 
 def _answer_text(env: Any, op: dict[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ tests skip on a developer's machine and fail under CI=true.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -53,8 +54,8 @@ def require_isolation() -> None:
         pytest.skip(message)
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every live process below `pid` (read from /proc)."""
+def _process_tree() -> dict[int, list[int]]:
+    """Every live process's children, read from /proc."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -65,26 +66,59 @@ def _descendants(pid: int) -> list[int]:
             continue
         parent = int(stat.rsplit(")", 1)[1].split()[1])
         children.setdefault(parent, []).append(int(entry.name))
+    return children
+
+
+def _below(tree: dict[int, list[int]], pid: int) -> list[int]:
     found, queue = [], [pid]
     while queue:
-        for child in children.get(queue.pop(), []):
+        for child in tree.get(queue.pop(), []):
             found.append(child)
             queue.append(child)
     return found
 
 
+def _is_runner(pid: int) -> bool:
+    """Whether `pid` is the fork server or one of its children (Python running runner.py)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return "python" in Path(argv[0].decode(errors="replace")).name and any(
+        arg.endswith(b"runner.py") for arg in argv
+    )
+
+
 @pytest.fixture
 def sandbox_processes() -> Callable[[Sandbox], tuple[int, list[int]]]:
     """A function giving the host pid of a sandbox (its bubblewrap; -1 if none runs) and the
-    pids of every process below it."""
+    pids of the processes below it that stay from call to call: all but the fork server's
+    children. Between calls the server has one child, its spare (forked and confined before
+    the next request, a new one each call); the children a call killed are reaped just after
+    it returns. It fails if the server has more than one child a second later: a process of
+    an earlier call lives on."""
 
     def processes(sandbox: Sandbox) -> tuple[int, list[int]]:
         proc = sandbox._proc
         if proc is None or proc.poll() is not None:
             return -1, []
-        return proc.pid, sorted(_descendants(proc.pid))
+        deadline = time.monotonic() + 1.0
+        while True:
+            tree = _process_tree()
+            below = _below(tree, proc.pid)
+            servers = [p for p in below if _is_runner(p) and not _is_runner(_parent(tree, p))]
+            children = [c for server in servers for c in tree.get(server, [])]
+            if len(children) <= len(servers) or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        assert len(children) <= len(servers), f"the fork server has children {children}"
+        return proc.pid, sorted(set(below) - set(children))
 
     return processes
+
+
+def _parent(tree: dict[int, list[int]], pid: int) -> int:
+    return next((parent for parent, children in tree.items() if pid in children), 0)
 
 
 @pytest.fixture(scope="module")
