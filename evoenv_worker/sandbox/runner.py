@@ -496,7 +496,8 @@ def _rehearse() -> None:
     own work finds them private already (about 20 faults). The faults move, they are not added.
     No environment code has run in the spare when it takes its work: this one is ours.
     """
-    env = _load(marshal.loads(marshal.dumps(_rehearsal[0])), "rehearsal.py")
+    code = marshal.loads(marshal.dumps(_rehearsal[0]))  # as a request's cached code comes
+    env = _load(code, "rehearsal.py")
     op = {"op": "grade", "seed": 0, "difficulty": 3, "answers": ["a, b"] * REHEARSAL_ANSWERS}
     json.loads(json.dumps(run_op(env, op, {}, 0)))
     del env
