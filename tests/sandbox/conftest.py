@@ -95,8 +95,8 @@ def sandbox_processes() -> Callable[[Sandbox], tuple[int, list[int]]]:
     pids of the processes below it that stay from call to call: all but the fork server's
     children. Between calls the server has one child, its spare (forked and confined before
     the next request, a new one each call); the children a call killed are reaped just after
-    it returns. It fails if the server has more than one child a second later: a process of
-    an earlier call lives on."""
+    it returns. It fails if the server has more than one child a second later (a process of
+    an earlier call lives on) or if its spare is dead (a call reached it)."""
 
     def processes(sandbox: Sandbox) -> tuple[int, list[int]]:
         proc = sandbox._proc
@@ -112,9 +112,19 @@ def sandbox_processes() -> Callable[[Sandbox], tuple[int, list[int]]]:
                 break
             time.sleep(0.01)
         assert len(children) <= len(servers), f"the fork server has children {children}"
+        dead = [c for c in children if _state(c) in ("Z", "X", "")]
+        assert not dead, f"the spare {dead} died waiting for its request"
         return proc.pid, sorted(set(below) - set(children))
 
     return processes
+
+
+def _state(pid: int) -> str:
+    """The one-letter state of `pid` (Z: a zombie), or "" when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
 
 
 def _parent(tree: dict[int, list[int]], pid: int) -> int:
