@@ -489,7 +489,7 @@ def _rehearse() -> None:
     """Go through the motions of a request with `REHEARSAL`, while the spare waits anyway.
 
     A forked child shares the server's memory copy-on-write, and on this kind of machine (a
-    VM) each page a process first writes after a fork costs about 4.5 us to copy: loading and
+    VM) each page a process first writes after a fork costs 2.3-4.5 us to copy: loading and
     grading took some 500 such faults, over a millisecond of a request. Most are the same pages
     for any environment (the allocator's free memory, the objects every load and grade uses);
     rehearsing with a small environment of ours writes them before the request comes, so its
