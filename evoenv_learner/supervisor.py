@@ -48,6 +48,7 @@ class Child:
     layer: int = 0
     """Stop order: higher layers stop first, one layer at a time (`Supervisor.stop_all`)."""
     grace: float = STOP_GRACE
+    """Seconds it has to exit after SIGTERM before SIGKILL."""
     tree: set[int] = field(default_factory=set)
     """Its descendants as last seen (`Supervisor.watch` refreshes it)."""
     proc: subprocess.Popen[bytes] | None = None

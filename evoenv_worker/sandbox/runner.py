@@ -80,8 +80,8 @@ source is not here compiles it and sends the marshalled code object as its first
 any environment code has run in it (so the bytes are a pure function of the source), and later
 children unmarshal it instead of compiling. The server only stores the bytes; it never
 unmarshals or runs them."""
-_rehearsal: list[types.CodeType] = []
-"""The compiled `REHEARSAL` module, made once by the server (`_rehearse`)."""
+_rehearsal: list[bytes] = []
+"""The compiled `REHEARSAL` module as marshal bytes, made once by the server (`_rehearse`)."""
 _quiet: list[Any] = []
 """The text stream a child's `sys.stdout` and `sys.stderr` become (writes to its fd 1, which is
 /dev/null), made once by the server: opening one in every child costs a quarter millisecond."""
@@ -104,7 +104,7 @@ def main() -> None:
     out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     _quiet.append(open(1, "w", closefd=False))  # noqa: SIM115 - lives as long as the server
-    _rehearsal.append(compile(REHEARSAL, "rehearsal.py", "exec"))
+    _rehearsal.append(marshal.dumps(compile(REHEARSAL, "rehearsal.py", "exec")))
     spare = Spare(confined)
     spare.refill()
     _emit(out, {"ready": True, "python": sys.version.split()[0], "confinement": status})
@@ -189,14 +189,16 @@ def serve_request(
         batch = [(i, _resolve(ops[i], done)) for i in pending]
         key = (filename, source) if isinstance(filename, str) and isinstance(source, str) else None
         code = _cached_code(key)
-        work = _work(source, filename, batch, limits, code, key is not None)
+        # All of it came from JSON (the request, or results the server parsed), nested no
+        # deeper than json.loads allows, well within marshal's depth.
+        work = marshal.dumps((source, filename, batch, limits, code, key is not None))
         started = time.monotonic()
         pid, work_fd, read_fd = spare.take()
         if not _hand_over(work_fd, work):  # it died waiting: a fresh one
             _kill(pid)
             os.close(read_fd)
             pid, work_fd, read_fd = spare.take()
-            _hand_over(work_fd, work)
+            _hand_over(work_fd, work)  # if this one is gone too, _relay reports the crash
         spare.refill()  # while this child works
         cache_key = key if code is None else None
         finished, failure = _relay(
@@ -208,20 +210,6 @@ def serve_request(
             failures += 1
             _emit(out, failure)
             pending = pending[1:]
-
-
-def _work(
-    source: Any,
-    filename: Any,
-    batch: list[tuple[int, Any]],
-    limits: dict[str, Any],
-    code: bytes | None,
-    cacheable: bool,
-) -> bytes:
-    """What a child needs for its request, as bytes for its work pipe: marshal, since all of
-    it came from JSON (the request, or results the server parsed), nested no deeper than
-    `json.loads` allows, well within marshal's depth."""
-    return marshal.dumps((source, filename, batch, limits, code, cacheable))
 
 
 def _hand_over(fd: int, work: bytes) -> bool:
@@ -354,10 +342,7 @@ _stopped: list[int] = []
 def _stop(pid: int) -> None:
     """SIGKILL a child that needs no post-mortem: it can run nothing more, so the request
     can end before the kernel has finished tearing it down (`_reap_stopped`)."""
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    _sigkill(pid)
     _stopped.append(pid)
 
 
@@ -370,11 +355,15 @@ def _reap_stopped() -> None:
 
 def _kill(pid: int) -> tuple[str, str, str]:
     """SIGKILL the child and reap it. A child that already exited keeps its own status."""
+    _sigkill(pid)
+    return _reap(pid)
+
+
+def _sigkill(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    return _reap(pid)
 
 
 def _reap(pid: int) -> tuple[str, str, str]:
@@ -496,8 +485,7 @@ def _rehearse() -> None:
     own work finds them private already (about 20 faults). The faults move, they are not added.
     No environment code has run in the spare when it takes its work: this one is ours.
     """
-    code = marshal.loads(marshal.dumps(_rehearsal[0]))  # as a request's cached code comes
-    env = _load(code, "rehearsal.py")
+    env = _load(marshal.loads(_rehearsal[0]), "rehearsal.py")  # as a request's cached code
     op = {"op": "grade", "seed": 0, "difficulty": 3, "answers": ["a, b"] * REHEARSAL_ANSWERS}
     json.loads(json.dumps(run_op(env, op, {}, 0)))
     del env
@@ -795,19 +783,16 @@ def _tree_copier(value: Any, budget: list[int]) -> Callable[[], Any] | None:
     budget[0] -= 1
     if budget[0] < 0:
         return None
-    if kind is list:
-        if all(type(item) not in _CONTAINERS for item in value):
-            return value.copy
-        items = [_tree_copier(item, budget) for item in value]
-        if any(item is None for item in items):
-            return None
-        return lambda: [item() for item in items]  # type: ignore[misc]
-    if all(type(item) not in _CONTAINERS for item in value.values()):
+    items = list(value.values() if kind is dict else value)
+    if all(type(item) not in _CONTAINERS for item in items):
         return value.copy
-    pairs = [(key, _tree_copier(item, budget)) for key, item in value.items()]
-    if any(item is None for _, item in pairs):
+    parts = [_tree_copier(item, budget) for item in items]
+    if any(part is None for part in parts):
         return None
-    return lambda: {key: item() for key, item in pairs}  # type: ignore[misc]
+    if kind is list:
+        return lambda: [part() for part in parts]  # type: ignore[misc]
+    pairs = list(zip(value, parts, strict=True))
+    return lambda: {key: part() for key, part in pairs}  # type: ignore[misc]
 
 
 _CONTAINERS = (dict, list)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from evoenv_learner.supervisor import descendants, process_parents
 from evoenv_worker.sandbox.host import Sandbox
 from evoenv_worker.sandbox.launch import missing_isolation
 from shared.config import SandboxSettings
@@ -54,30 +55,6 @@ def require_isolation() -> None:
         pytest.skip(message)
 
 
-def _process_tree() -> dict[int, list[int]]:
-    """Every live process's children, read from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(parent, []).append(int(entry.name))
-    return children
-
-
-def _below(tree: dict[int, list[int]], pid: int) -> list[int]:
-    found, queue = [], [pid]
-    while queue:
-        for child in tree.get(queue.pop(), []):
-            found.append(child)
-            queue.append(child)
-    return found
-
-
 def _is_runner(pid: int) -> bool:
     """Whether `pid` is the fork server or one of its children (Python running runner.py)."""
     try:
@@ -104,10 +81,10 @@ def sandbox_processes() -> Callable[[Sandbox], tuple[int, list[int]]]:
             return -1, []
         deadline = time.monotonic() + 1.0
         while True:
-            tree = _process_tree()
-            below = _below(tree, proc.pid)
-            servers = [p for p in below if _is_runner(p) and not _is_runner(_parent(tree, p))]
-            children = [c for server in servers for c in tree.get(server, [])]
+            parents = process_parents()
+            below = descendants(proc.pid, parents=parents)
+            servers = {p for p in below if _is_runner(p) and not _is_runner(parents[p])}
+            children = [c for c in below if parents[c] in servers]
             if len(children) <= len(servers) or time.monotonic() > deadline:
                 break
             time.sleep(0.01)
@@ -125,10 +102,6 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return ""
-
-
-def _parent(tree: dict[int, list[int]], pid: int) -> int:
-    return next((parent for parent, children in tree.items() if pid in children), 0)
 
 
 @pytest.fixture(scope="module")
