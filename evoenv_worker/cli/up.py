@@ -281,6 +281,8 @@ async def _up(settings: Settings) -> dict[str, Any]:
 
             def on_step(learner_state: Any) -> None:
                 live.update(display.table(learner_state, supervisor))
+                if not out.is_terminal:  # Live shows only its last table off a terminal
+                    out.print(display.line(learner_state), markup=False)
 
             async def watch() -> None:
                 await supervisor.watch(stop)
@@ -347,6 +349,22 @@ class _Display:
                 + (f", {child.restarts} restarts" if child.restarts else ""),
             )
         return table
+
+    def line(self, learner: Any) -> str:
+        """The table's learner rows on one line, for output that is not a terminal."""
+        m = learner.last_metrics
+        funnel = ", ".join(f"{k}: {v}" for k, v in sorted(learner.funnel.items())) or "-"
+        return (
+            f"step {learner.step}  version {learner.version}  solver reward "
+            f"{_fmt(m.get('reward_mean_solver'))}  generator reward "
+            f"{_fmt(m.get('reward_mean_generator'))}  pool {m.get('pool', '-')}  "
+            f"admission funnel {funnel}"
+            + (
+                "  (stopping: dropping the step in progress, then a checkpoint)"
+                if learner.stopping
+                else ""
+            )
+        )
 
 
 def _fmt(value: Any) -> str:

@@ -134,6 +134,9 @@ def test_up_runs_three_steps_and_leaves_nothing(data_dir: Path, tmp_path: Path) 
     ), "no push reached the restarted server"
     steps = [e for e in seen if e.get("event") == "train_step"]
     assert [e["step"] for e in steps] == [1, 2, 3]
+    # Off a terminal (here a file), the live table is one line a step.
+    for step in (1, 2, 3):
+        assert f"step {step}  version " in text, f"no progress line for step {step}"
     pushes = [e for e in seen if e.get("event") == "weights_published"]
     assert len(pushes) >= 2 and pushes[-1]["version"] > pushes[0]["version"]
     generator = [e for e in seen if e.get("event") in {"generation_group_done"}]
