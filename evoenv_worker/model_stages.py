@@ -4,14 +4,16 @@ them and records their results; `tasks.py` runs each as a job on its queue."""
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from evoenv_worker.grade import grade_op, grade_op_seconds, read_grades
+from evoenv_worker.novelty import EnvEmbedding, novelty, similarity
 from evoenv_worker.review import VERDICT_SCHEMA, parse_verdict, review_messages, summarise
 from shared.config import Settings
 from shared.environment import build_prompt, extract_answer
@@ -147,12 +149,20 @@ def calibration_stage(sandbox: Sandbox, job: StageJob, settings: Settings) -> St
     )
 
 
-def pool_embeddings(ctx: WorkerContext) -> list[tuple[str, str, Any]]:
-    """(name, sha, embedding) of every active pool member; missing ones are computed and stored."""
-    from evoenv_worker.novelty import EnvEmbedding
+@dataclass(frozen=True, slots=True)
+class Member:
+    """An active pool member as the novelty stage compares with it."""
 
+    name: str
+    sha: str
+    source: str
+    embedding: EnvEmbedding
+
+
+def pool_members(ctx: WorkerContext) -> list[Member]:
+    """Every active pool member with its embedding; missing ones are computed and stored."""
     archive, embedder = ctx.archive(), ctx.embedder()
-    out: list[tuple[str, str, Any]] = []
+    out: list[Member] = []
     for row in archive.environments("seed") + archive.environments("admitted"):
         embedding = EnvEmbedding.from_json(row.embedding)
         if embedding is None:
@@ -161,7 +171,7 @@ def pool_embeddings(ctx: WorkerContext) -> list[tuple[str, str, Any]]:
                 continue
             embedding = embedder.embed_environment(row.source, traced[1].prompt)
             archive.update_environment(row.sha, embedding=embedding.to_json())
-        out.append((row.name, row.sha, embedding))
+        out.append(Member(row.name, row.sha, row.source, embedding))
     return out
 
 
@@ -192,35 +202,95 @@ def trace_instance(
 
 def novelty_stage(ctx: WorkerContext, job: StageJob) -> StageReport:
     """Similarity to the nearest pool member (the in-group comparison of generated candidates
-    happens when their group completes)."""
-    from evoenv_worker.novelty import novelty
-
+    happens when their group completes), and whether the candidate's reference is that of one
+    of its nearest members (`same_oracle`): either makes it a near-copy."""
     started = time.perf_counter()
     a = ctx.settings.admission
     embedding = ctx.embedder().embed_environment(job.env.source, job.trace.prompt)
-    members = pool_embeddings(ctx)
+    members = pool_members(ctx)
     result = novelty(
-        embedding, [e for _, _, e in members], (), a.novelty_gate, a.novelty_prompt_weight
+        embedding, [m.embedding for m in members], (), a.novelty_gate, a.novelty_prompt_weight
     )
-    nearest = members[result.index][0] if result.index is not None else None
-    same = next((k for k, (_, sha, _) in enumerate(members) if sha == job.env.sha), None)
+    nearest = members[result.index].name if result.index is not None else None
+    data: dict[str, Any] = {"similarity": result.similarity, "nearest": nearest}
+    same = next((k for k, m in enumerate(members) if m.sha == job.env.sha), None)
+    copied = None if same is not None else same_oracle(ctx, job, embedding, members)
     if same is not None:  # the very file of a pool member (a generator copying its example)
         result = replace(result, similarity=1.0, passes=False, nearest="pool", index=same)
-        nearest = members[same][0]
-        detail = f"the file is {nearest}, already in the pool: nothing new"
+        data.update(similarity=1.0, nearest=members[same].name)
+        detail = f"the file is {members[same].name}, already in the pool: nothing new"
+    elif copied is not None:  # a member's oracle under another prompt
+        member, checked = copied
+        detail = (
+            f"its reference equals {member}'s on each of {checked} instances (seeds 0-"
+            f"{checked - 1}, difficulty {job.trace.difficulty}): {member}'s solve under "
+            f"another prompt (max embedding similarity {result.similarity:.3f})"
+        )
+        result = replace(result, similarity=1.0, passes=False)
+        data.update(similarity=1.0, nearest=member, same_oracle=member)
     else:
         detail = (
             f"max similarity {result.similarity:.3f} to {nearest or 'nothing'} "
             f"({'below' if result.passes else 'at or above'} the gate {a.novelty_gate})"
         )
+    data["embedding"] = embedding.to_json()
     return StageReport(
         stage="novelty",
         ok=result.passes,
         seconds=round(time.perf_counter() - started, 3),
         detail=detail,
-        data={
-            "similarity": result.similarity,
-            "nearest": nearest,
-            "embedding": embedding.to_json(),
-        },
+        data=data,
     )
+
+
+def same_oracle(
+    ctx: WorkerContext, job: StageJob, embedding: EnvEmbedding, members: list[Member]
+) -> tuple[str, int] | None:
+    """(member, instances) when the candidate's solve agrees with a pool member's on every one
+    of its own instances, else None.
+
+    The embeddings compare how files read; a file that keeps its example's `solve` under a new
+    question reads new (the example's problem with another question pasted into its prompt, or
+    a new task's prompt over the example's code), and the reviewer may not see that the
+    reference answers another question than the prompt asks. So the candidate's instances
+    (seeds 0 to `same_oracle_instances` - 1 at the traced difficulty) go to the solve of each
+    of its `same_oracle_members` nearest members, in the sandbox. Agreement on all of them, by
+    reference or by answer text, makes it that member's oracle; a member whose solve fails on
+    them (another instance shape) is not. 0 members turns the check off."""
+    a = ctx.settings.admission
+    if a.same_oracle_members <= 0 or a.same_oracle_instances <= 0:
+        return None
+    sandbox = ctx.sandbox()
+    ops = [
+        {"op": "instance", "seed": seed, "difficulty": job.trace.difficulty}
+        for seed in range(a.same_oracle_instances)
+    ]
+    mine = sandbox.run(job.env.source, ops, filename=f"{job.env.name}.py")
+    if not all(r.ok for r in mine):
+        return None
+    nearest = sorted(
+        members,
+        key=lambda m: similarity(embedding, m.embedding, a.novelty_prompt_weight),
+        reverse=True,
+    )
+    for member in nearest[: a.same_oracle_members]:
+        theirs = sandbox.run(
+            member.source,
+            [{"op": "solve", "instance": r.value["instance"]} for r in mine],
+            filename=f"{member.name}.py",
+            op_seconds=a.same_oracle_seconds,
+        )
+        if all(t.ok and _agree(m.value, t.value) for m, t in zip(mine, theirs, strict=True)):
+            return member.name, len(mine)
+    return None
+
+
+def _agree(mine: dict[str, Any], theirs: dict[str, Any]) -> bool:
+    """The same reference (as JSON) or the same answer text."""
+    if _canonical(mine["reference"]) == _canonical(theirs["reference"]):
+        return True
+    return str(mine["answer_text"]).strip() == str(theirs["answer_text"]).strip()
+
+
+def _canonical(value: object) -> str:
+    return json.dumps(value, sort_keys=True, default=repr)

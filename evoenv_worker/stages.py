@@ -319,6 +319,90 @@ def check_nontrivial(items: Sequence[Item], meta: Meta, settings: ValidationSett
     )
 
 
+def check_well_posed(
+    runner: Runner, items: Sequence[Item], meta: Meta, settings: ValidationSettings
+) -> Check:
+    """L4, this project's addition: the prompt determines the answer.
+
+    `render` is the complete problem statement (CONTRACT.md s1), so an answer that is right for
+    one instance is right for every instance with the same prompt. A renderer that leaves part
+    of the instance out (a list's first number but not the list) gives the solver a question
+    with no right answer, which only luck passes at calibration; a small reviewer model missed
+    one such file three times out of three. Prompts that leave something out collide most
+    where instances are smallest, so beside the sampled items `well_posed_seeds` more
+    instances are sampled at the min difficulty. For each pair of instances with the same
+    prompt and different answer texts (up to `well_posed_pairs`), the first one's answer text
+    must score 1.0 on the second one's instance and reference."""
+    extra: list[Item] = []
+    if settings.well_posed_seeds > 0:
+        first = max((item.seed for item in items), default=-1) + 1  # beyond L2's seeds
+        ops = [
+            instance_op(first + k, meta.min_difficulty) for k in range(settings.well_posed_seeds)
+        ]
+        for op, result in zip(ops, runner.run(ops), strict=True):
+            trigger = Trigger(seed=op["seed"], difficulty=op["difficulty"])
+            if not result.ok:
+                return Check(False, f"sampling failed: {_failure_text(result)}", trigger)
+            value = result.value
+            extra.append(
+                Item(
+                    op["seed"],
+                    op["difficulty"],
+                    value["instance"],
+                    value["reference"],
+                    value["prompt"],
+                    value["answer_text"],
+                )
+            )
+    sampled = [*items, *extra]
+    by_prompt: dict[str, list[Item]] = {}
+    for item in sampled:
+        by_prompt.setdefault(item.prompt, []).append(item)
+    pairs = [
+        (a, b)
+        for same in by_prompt.values()
+        for a in same
+        for b in same
+        if a is not b and a.answer_text.strip() != b.answer_text.strip()
+    ][: settings.well_posed_pairs]
+    answers = [_extracted(a.answer_text, settings.answer_cap) for a, _ in pairs]
+    checked = [(pair, answer) for pair, answer in zip(pairs, answers, strict=True) if answer]
+    results = (
+        runner.run(
+            [
+                {"op": "score", "answer": answer, "instance": b.instance, "reference": b.reference}
+                for (_, b), answer in checked
+            ]
+        )
+        if checked
+        else []
+    )
+    for ((a, b), answer), result in zip(checked, results, strict=True):
+        trigger = Trigger(seed=b.seed, difficulty=b.difficulty, answer=answer[:500])
+        if not result.ok:
+            return Check(
+                False,
+                f"the scorer failed on seed {a.seed}'s answer to seed {b.seed}, whose prompt is "
+                f"the same: {_failure_text(result)}",
+                trigger,
+            )
+        if float(result.value) < 1.0:
+            return Check(
+                False,
+                f"the prompt does not determine the answer: seeds {a.seed} and {b.seed} at "
+                f"difficulty {b.difficulty} have the same prompt, but seed {a.seed}'s answer "
+                f"{a.answer_text[:80]!r} scores {float(result.value):g} on seed {b.seed} (its "
+                f"answer is {b.answer_text[:80]!r}); render must state the whole problem",
+                trigger,
+            )
+    return Check(
+        True,
+        f"{len(by_prompt)} distinct prompts over {len(sampled)} instances; "
+        f"{len(checked)} answers checked across instances with the same prompt",
+        data={"instances": len(sampled), "prompts": len(by_prompt), "same_prompt": len(checked)},
+    )
+
+
 # --------------------------------------------------------------------------------------- L5
 
 

@@ -52,6 +52,11 @@ class ValidationSettings(BaseModel):
     """L4: answer texts at least this long must not appear verbatim in the prompt..."""
     leak_max_fraction: float = 0.5
     """...in more than this fraction of the sampled instances."""
+    well_posed_seeds: int = Field(32, ge=0)
+    """L4: instances sampled at the min difficulty, beside L2's, to find prompts shared by
+    instances whose answers differ (the prompt must determine the answer)."""
+    well_posed_pairs: int = Field(32, ge=0)
+    """L4: most pairs of same-prompt instances whose answers are checked across (0: none)."""
     spray_instances: int = 20
     """L5: other instances whose answer texts go into the spray probe."""
     spray_range: tuple[int, int] = (-50, 500)
@@ -159,6 +164,13 @@ class AdmissionSettings(BaseModel):
     """A candidate at this similarity or more to a pool member or earlier group member is rejected."""
     novelty_prompt_weight: float = 0.5
     """Weight of the prompt embeddings' cosine in the similarity (the code's gets the rest)."""
+    same_oracle_members: int = Field(3, ge=0)
+    """Novelty also rejects a candidate whose reference equals one of its this many nearest
+    pool members' on each of its instances: that member's solve under another prompt (0: off)."""
+    same_oracle_instances: int = Field(8, ge=1)
+    """Instances of the candidate (seeds 0.., the traced difficulty) the members' solve gets."""
+    same_oracle_seconds: float = Field(2.0, gt=0)
+    """Time limit of a member's solve on one of the candidate's instances."""
     bonus_scale: float = 0.1
     """B = scale x gamma x clip((band_high - s) / (band_high - band_low), 0, 1)."""
     bonus_band: tuple[float, float] = (0.45, 0.65)

@@ -29,6 +29,7 @@ from evoenv_worker.novelty import (
 )
 from evoenv_worker.sandbox.host import Sandbox
 from shared.config import AdmissionSettings, Settings
+from shared.messages import StageReport
 
 REPO = Path(__file__).resolve().parents[1]
 SEEDS = sorted((REPO / "seeds").glob("*.py"))
@@ -178,39 +179,102 @@ def test_a_later_candidate_copying_an_earlier_one_is_rejected(
     assert novelty(group[1], pool, (), GATE, WEIGHT).passes
 
 
-def test_the_novelty_stage_rejects_the_very_file_of_a_pool_member(
-    embedder: Embedder, tmp_path: Path
-) -> None:
-    """A generator that copies its example file verbatim gets no admission: the stage compares
-    with every pool member, the candidate's own file included."""
+def novelty_report(
+    embedder: Embedder, tmp_path: Path, name: str, source: str, **settings: object
+) -> StageReport:
+    """The novelty stage of `source` against the ten seeds, as admission runs it."""
     from evoenv_learner.pool import seed_pool
     from evoenv_worker.context import WorkerContext
     from evoenv_worker.model_stages import novelty_stage, trace_instance
     from shared.db import source_sha
     from shared.messages import EnvRef, StageJob
 
-    ctx = WorkerContext(Settings(data_dir=tmp_path), _embedder=embedder)
+    admission = AdmissionSettings(**settings)  # type: ignore[arg-type]
+    ctx = WorkerContext(Settings(data_dir=tmp_path, admission=admission), _embedder=embedder)
     seed_pool(ctx.archive(), REPO / "seeds")
-    path = REPO / "seeds" / "edit_distance.py"
-    source = path.read_text("utf-8")
-    traced = trace_instance(ctx.sandbox(), source, path.name)
-    assert traced is not None
-    meta, trace = traced
-    job = StageJob(
-        job_id="j",
-        run="r",
-        env=EnvRef(name="edit_distance", sha=source_sha(source), source=source),
-        oracle=meta["oracle"],
-        difficulty=1,
-        trace=trace,
-    )
     try:
-        report = novelty_stage(ctx, job)
+        traced = trace_instance(ctx.sandbox(), source, f"{name}.py")
+        assert traced is not None
+        meta, trace = traced
+        job = StageJob(
+            job_id="j",
+            run="r",
+            env=EnvRef(name=name, sha=source_sha(source), source=source),
+            oracle=meta["oracle"],
+            difficulty=1,
+            trace=trace,
+        )
+        return novelty_stage(ctx, job)
     finally:
         ctx.sandbox().close()
+
+
+def test_the_novelty_stage_rejects_the_very_file_of_a_pool_member(
+    embedder: Embedder, tmp_path: Path
+) -> None:
+    """A generator that copies its example file verbatim gets no admission: the stage compares
+    with every pool member, the candidate's own file included."""
+    source = (REPO / "seeds" / "edit_distance.py").read_text("utf-8")
+    report = novelty_report(embedder, tmp_path, "edit_distance", source)
     assert not report.ok
     assert (report.data["similarity"], report.data["nearest"]) == (1.0, "edit_distance")
     assert "already in the pool" in report.detail
+
+
+LIS = (REPO / "seeds" / "longest_increasing_subsequence.py").read_text("utf-8")
+EVEN_SUM_PROMPT = (
+    LIS.replace("LongestIncreasingSubsequence", "SumOfEvenValues")
+    .replace('"longest_increasing_subsequence"', '"sum_of_even_values"')
+    .replace(
+        "Length of the longest strictly increasing subsequence of a list of integers.",
+        "Sum of the even values of a list of integers.",
+    )
+    .replace(
+        '''            "A subsequence keeps some of the elements in their original order (not necessarily "
+            "adjacent). What is the length of the longest subsequence whose elements are "
+            "strictly increasing?\\n"''',
+        '''            "What is the sum of the even values in the list?\\n"''',
+    )
+)
+"""The seed's problem asking another question, its reference still the seed's (what the 0.5B
+generator writes when asked for a new task over its example's instances)."""
+EVEN_SUM = EVEN_SUM_PROMPT.replace(
+    EVEN_SUM_PROMPT[
+        EVEN_SUM_PROMPT.index("        # tails[k]") : EVEN_SUM_PROMPT.index(
+            "        return len(tails)\n"
+        )
+        + len("        return len(tails)\n")
+    ],
+    '        return sum(number for number in instance["numbers"] if number % 2 == 0)\n',
+)
+"""The same prompt with a solve that answers it: a new task over the seed's instances."""
+
+
+def test_a_members_solve_under_another_prompt_is_a_near_copy(
+    embedder: Embedder, tmp_path: Path
+) -> None:
+    assert "sum of the even values" in EVEN_SUM_PROMPT and "len(tails)" in EVEN_SUM_PROMPT
+    report = novelty_report(embedder, tmp_path, "sum_of_even_values", EVEN_SUM_PROMPT)
+    assert not report.ok, report.detail
+    assert report.data["same_oracle"] == "longest_increasing_subsequence"
+    assert report.data["similarity"] == 1.0  # no novelty bonus for the generator either
+    assert "its reference equals longest_increasing_subsequence's on each of 8" in report.detail
+
+    # With the check off only the embeddings decide; they do not see it.
+    off = novelty_report(
+        embedder, tmp_path / "off", "sum_of_even_values", EVEN_SUM_PROMPT, same_oracle_members=0
+    )
+    assert "same_oracle" not in off.data and off.data["similarity"] < 1.0
+
+
+def test_a_new_task_over_a_members_instances_is_not_a_copy(
+    embedder: Embedder, tmp_path: Path
+) -> None:
+    assert "len(tails)" not in EVEN_SUM and "number % 2 == 0" in EVEN_SUM
+    report = novelty_report(embedder, tmp_path, "sum_of_even_values", EVEN_SUM)
+    assert "same_oracle" not in report.data, report.detail
+    assert report.data["similarity"] < 1.0
+    assert report.detail.startswith("max similarity")
 
 
 def test_embedding_json_round_trip(embedded: dict[str, EnvEmbedding]) -> None:

@@ -65,6 +65,8 @@ def test_seed_passes_l1_to_l5(path: Path, sandbox: Sandbox, settings: Settings) 
             assert check.ok, (check.detail, check.trigger)
     check = stages.check_nontrivial(items, meta, settings.validation)
     assert check.ok, (check.detail, check.trigger)
+    check = stages.check_well_posed(runner, items, meta, settings.validation)
+    assert check.ok, (check.detail, check.trigger)
 
     check = stages.check_scorer(runner, items, meta, settings.validation)
     assert check.ok, (check.detail, check.trigger)

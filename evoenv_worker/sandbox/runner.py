@@ -26,6 +26,9 @@ Operations (each a dict with "op"):
   the instance of operation k of the same request, or against the given instance. With
   "from" and a null answer, the answer is that instance's own answer_text, stripped.
 - answer_text {reference}: how the environment writes a given reference.
+- solve {instance}: solve and answer_text for a given instance (the reference this environment
+  gives another environment's instance: admission's same-oracle check). Its value is
+  {"reference", "answer_text"}.
 - grade {seed, difficulty, answers: [str | null, ...]}: the batched grading path. Sample and
   solve the instance once (as `instance` does: sample, solve, render, answer_text), then score
   every non-null answer against it. Its value is {"rewards": [float | null], "errors":
@@ -590,6 +593,8 @@ def run_op(env: Any, op: Any, kept: dict[int, dict[str, Any]], index: int) -> di
         return _score(env, op, kept)
     if kind == "answer_text":
         return _answer_text(env, op)
+    if kind == "solve":
+        return _solve(env, op)
     if kind == "grade":
         return _grade(env, op)
     return _fail(-1, "type", "", f"unknown operation {kind!r}")
@@ -812,6 +817,28 @@ def _answer_text(env: Any, op: dict[str, Any]) -> dict[str, Any]:
             -1, "type", "answer_text", f"answer_text returned {type(text).__name__}, expected str"
         )
     return {"ok": True, "value": text}
+
+
+def _solve(env: Any, op: dict[str, Any]) -> dict[str, Any]:
+    from shared.environment import json_round_trips
+
+    instance = op.get("instance")
+    if not isinstance(instance, dict):
+        return _fail(-1, "type", "solve", "instance must be a JSON object")
+    routine = "solve"
+    try:
+        reference = env.solve(_copy(instance, True))
+        routine = "answer_text"
+        text = env.answer_text(_copy(reference, json_round_trips(reference)))
+    except MemoryError:
+        return _fail(-1, "memory", routine, f"{routine} ran out of memory")
+    except BaseException as exc:  # noqa: BLE001
+        return _fail(-1, "exception", routine, f"{routine} raised {_describe(exc)}")
+    if not isinstance(text, str):
+        return _fail(
+            -1, "type", "answer_text", f"answer_text returned {type(text).__name__}, expected str"
+        )
+    return {"ok": True, "value": {"reference": reference, "answer_text": text}}
 
 
 def _copy(value: Any, round_trips: bool) -> Any:
