@@ -189,6 +189,30 @@ def test_ops_match_the_seed_run_in_process(sandbox: Sandbox) -> None:
         assert right.ok and right.value == 1.0
 
 
+def test_the_solve_op_solves_a_given_instance(sandbox: Sandbox) -> None:
+    """Another environment's instance, as admission's same-oracle check sends it: the
+    reference and answer text when solve copes, a failed op when it does not."""
+    seed = load_seed("sort_words")
+    source = (REPO / "seeds" / "sort_words.py").read_text()
+    instance = seed.sample(make_rng("sort_words", 3, 2), 2)
+    results = sandbox.run(
+        source,
+        [
+            {"op": "solve", "instance": instance},
+            {"op": "solve", "instance": {"numbers": [3, 1, 2]}},  # another shape
+            {"op": "solve", "instance": [1, 2]},
+        ],
+    )
+    assert results[0].ok, results[0]
+    assert results[0].value == {
+        "reference": seed.solve(instance),
+        "answer_text": seed.answer_text(seed.solve(instance)),
+    }
+    assert (results[1].ok, results[1].kind, results[1].routine) == (False, "exception", "solve")
+    assert "KeyError" in results[1].error
+    assert (results[2].ok, results[2].kind) == (False, "type")
+
+
 def hash_with_seed_zero(text: str) -> int:
     """`hash(text)` in a Python started with PYTHONHASHSEED=0."""
     done = subprocess.run(
