@@ -479,10 +479,20 @@ def headline(data: RunData) -> list[tuple[str, str]]:
         reward = data.series(f"reward_mean_{role}")
         if reward:
             xs = sorted(reward)
-            first, last = xs[:HEADLINE_STEPS], xs[-HEADLINE_STEPS:]
+            if len(xs) == 1:
+                rows.append((f"{role} reward, step {xs[0]}", f"{reward[xs[0]]:.3f}"))
+                continue
+            # The two ends may not overlap: with 3 steps, the first and the last one.
+            k = min(HEADLINE_STEPS, len(xs) // 2)
+            first, last = xs[:k], xs[-k:]
+            label = (
+                f"step {first[0]} → step {last[0]}"
+                if k == 1
+                else f"first {k} → last {k} steps ({first[0]}–{first[-1]}, {last[0]}–{last[-1]})"
+            )
             rows.append(
                 (
-                    f"{role} reward, first {len(first)} → last {len(last)} steps",
+                    f"{role} reward, {label}",
                     f"{_mean([reward[s] for s in first]):.3f} → {_mean([reward[s] for s in last]):.3f}",
                 )
             )

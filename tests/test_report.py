@@ -76,6 +76,22 @@ def assert_real_png(path: Path) -> None:
     assert np.any(image != image[0, 0]), f"{path} is blank"  # more than one pixel value
 
 
+def test_the_headline_ends_of_a_short_run_do_not_overlap(tmp_path: Path) -> None:
+    """Three steps (`evoenv up --steps 3`): the first step against the last, not the mean of
+    all three twice; one step: its value alone."""
+    archive = Archive(f"sqlite:///{tmp_path / 'archive.db'}")
+    funnel: dict[str, int] = {}
+    for step in range(1, 4):
+        archive.record_metrics(RUN, step, "train", step, train_values(step, funnel))
+    text = write_report(archive, RUN, tmp_path / "three").markdown.read_text()
+    assert "| solver reward, step 1 → step 3 | 0.120 → 0.160 |" in text
+
+    single = Archive(f"sqlite:///{tmp_path / 'one.db'}")
+    single.record_metrics(RUN, 1, "train", 1, train_values(1, {}))
+    text = write_report(single, RUN, tmp_path / "one").markdown.read_text()
+    assert "| solver reward, step 1 | 0.120 |" in text
+
+
 def test_report_has_every_figure_and_the_headline_numbers(archive: Archive, tmp_path: Path) -> None:
     folder = tmp_path / "runs" / RUN
     folder.mkdir(parents=True)
@@ -92,8 +108,8 @@ def test_report_has_every_figure_and_the_headline_numbers(archive: Archive, tmp_
         assert f"]({path.name})" in text
     assert "| optimiser steps recorded | 30 (steps 1–30) |" in text
     assert "| final policy version | 15 |" in text
-    assert "| solver reward, first 5 → last 5 steps | 0.160 → 0.660 |" in text
-    assert "| generator reward, first 5 → last 5 steps | -0.110 → 0.640 |" in text
+    assert "| solver reward, first 5 → last 5 steps (1–5, 26–30) | 0.160 → 0.660 |" in text
+    assert "| generator reward, first 5 → last 5 steps (1–5, 26–30) | -0.110 → 0.640 |" in text
     low, high = wilson(0.25, 16)
     assert f"0.250 [{low:.3f}, {high:.3f}] at step 10 → 0.600 [" in text
     assert "| evaluations | 3 |" in text
