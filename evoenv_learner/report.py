@@ -46,6 +46,8 @@ BUCKET_STEPS = 10
 HEADLINE_STEPS = 5
 DPI = 150
 ROLES = {"solver": "tab:blue", "generator": "tab:orange"}
+REWARD_RANGE = {"solver": (0.0, 1.0)}
+"""Where a role's rewards lie (a solver's score is in [0, 1]): its band is clipped to it."""
 
 
 @dataclass(frozen=True)
@@ -178,10 +180,11 @@ def draw_reward(figure: Figure, data: RunData) -> None:
                 label="± 1 std within the batch",
             )
         elif banded:
+            low, high = REWARD_RANGE.get(role, (-math.inf, math.inf))
             ax.fill_between(
                 banded,
-                [mean[s] - std[s] for s in banded],
-                [mean[s] + std[s] for s in banded],
+                [max(low, mean[s] - std[s]) for s in banded],
+                [min(high, mean[s] + std[s]) for s in banded],
                 color=colour,
                 alpha=0.2,
                 linewidth=0,
