@@ -97,9 +97,9 @@ def finalize_group(ctx: WorkerContext, run: str, group_id: str) -> GradedGroup:
     meta = json.loads(client.get(keys.candidate(run, generation_key(group_id))) or "{}")
     members = GroupTracker(client, run).results(generation_key(group_id))
     ordered = sorted(members.items(), key=lambda item: int(item[0]))
-    earlier: list[EnvEmbedding] = []
+    earlier: list[tuple[str, EnvEmbedding]] = []
     rows: list[dict[str, Any]] = []
-    for _, member in ordered:
+    for position, member in ordered:
         report = (
             ValidationReport.model_validate(member["report"])
             if member and "report" in member
@@ -107,24 +107,34 @@ def finalize_group(ctx: WorkerContext, run: str, group_id: str) -> GradedGroup:
         )
         stages = {s.stage: s for s in report.stages} if report else {}
         embedding = EnvEmbedding.from_json(embedding_of(report)) if report else None
-        in_group = (
-            max((similarity(embedding, e, a.novelty_prompt_weight) for e in earlier), default=0.0)
-            if embedding
-            else 0.0
-        )
+        in_group, nearest = 0.0, None  # nearest: the earlier candidate (its index) most like it
         if embedding is not None:
-            earlier.append(embedding)
+            for other, e in earlier:
+                score = similarity(embedding, e, a.novelty_prompt_weight)
+                if nearest is None or score > in_group:
+                    in_group, nearest = score, other
+            earlier.append((position, embedding))
         pool_similarity = stages["novelty"].data.get("similarity") if "novelty" in stages else None
         s = None if pool_similarity is None else max(float(pool_similarity), in_group)
         failed = report.failed_stage if report else "error"
         if report is not None and report.verdict == "error":
             failed = "error"  # the check could not run: no reward either way
+        why = ""
         if failed is None and s is not None and s >= a.novelty_gate:
             failed = "novelty"
+            why = (
+                f"max similarity {in_group:.3f} to candidate {nearest} of its generation group, "
+                f"earlier in candidate order (at or above the gate {a.novelty_gate})"
+            )
         known = _known_status(ctx, member)
         if known is not None and s is not None:  # the very file of a known environment
             s = 1.0
-            failed = failed or "novelty"
+            if failed is None:
+                failed, why = "novelty", f"the file is a known environment ({known}): nothing new"
+        if why and report is not None:  # its report said admitted: say what the group decided
+            ctx.archive().amend_validation(
+                f"{group_id}-{position}", _rejected_at_novelty(report, why, s)
+            )
         rate = stages["calibration"].data.get("pass_rate") if "calibration" in stages else None
         rows.append(
             {
@@ -205,6 +215,21 @@ def _gamma(client: Any, run: str, embeddings: list[Any], settings: Settings) -> 
         client.ltrim(key, 0, a.repetition_window - 1)
     values = [float(v) for v in client.lrange(key, 0, -1)]
     return gamma_for(sum(values) / len(values) if values else None, a)
+
+
+def _rejected_at_novelty(report: ValidationReport, why: str, s: float | None) -> ValidationReport:
+    """`report` (every stage passed) with its novelty stage failed for `why`."""
+    stages = [
+        stage.model_copy(
+            update={"ok": False, "detail": why, "data": {**stage.data, "similarity": s}}
+        )
+        if stage.stage == "novelty"
+        else stage
+        for stage in report.stages
+    ]
+    return report.model_copy(
+        update={"verdict": "rejected", "failed_stage": "novelty", "stages": stages}
+    )
 
 
 def _known_status(ctx: WorkerContext, member: dict[str, Any] | None) -> str | None:

@@ -247,6 +247,24 @@ class Archive:
             session.commit()
         return bool(new)
 
+    def amend_validation(self, job_id: str, report: ValidationReport) -> bool:
+        """Replace the stored report of `job_id` and its stages (a decision taken after it was
+        recorded: a generated candidate's in-group comparison); False if none is stored."""
+        with self.session() as session:
+            row = session.get(ValidationRow, job_id)
+            if row is None:
+                return False
+            row.verdict, row.failed_stage = report.verdict, report.failed_stage
+            row.report = report.model_dump(mode="json")
+            session.add(row)
+            for stage in report.stages:
+                kept = session.get(ValidationStageRow, (job_id, stage.stage))
+                if kept is not None:
+                    kept.ok, kept.detail = stage.ok, stage.detail
+                    session.add(kept)
+            session.commit()
+        return True
+
     def validation(self, job_id: str) -> ValidationReport | None:
         with self.session() as session:
             row = session.get(ValidationRow, job_id)

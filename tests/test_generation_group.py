@@ -69,6 +69,10 @@ def finish(ctx: WorkerContext, members: list[tuple[str, ValidationReport]]) -> A
     open_group(ctx, RUN, group_id, len(members), meta)
     tracker = GroupTracker(ctx.redis(), RUN)
     for index, (source, report) in enumerate(members):
+        # as each candidate's last stage records it (`admission.finalize_candidate`)
+        ctx.archive().record_validation(
+            f"{group_id}-{index}", source_sha(source), report, adhoc=False
+        )
         member = {
             "report": report.model_dump(mode="json"),
             "sha": source_sha(source),
@@ -105,3 +109,38 @@ def test_a_copy_of_a_seed_is_not_admitted_and_the_seed_is_left_alone(ctx: Worker
     assert admitted is not None and admitted.status == "admitted"
     assert admitted.stats["funnel"] == "admitted"
     assert json.dumps(admitted.stats["calibration"])  # kept with the admission
+    # The copy's report said admitted (every stage passed); it now says what the group decided.
+    copy_report = archive.validation("g1-0")
+    assert copy_report is not None
+    assert (copy_report.verdict, copy_report.failed_stage) == ("rejected", "novelty")
+    assert "known environment (seed)" in copy_report.stages[-1].detail
+    new_report = archive.validation("g1-1")
+    assert new_report is not None and new_report.verdict == "admitted"
+
+
+def test_a_candidate_like_an_earlier_one_of_its_group_is_rejected_and_its_report_says_so(
+    ctx: WorkerContext,
+) -> None:
+    first = (SEEDS / "grid_shortest_path.py").read_text().replace("grid_shortest_path", "walk_a")
+    second = first.replace("walk_a", "walk_b")
+    group = finish(
+        ctx,
+        [  # the same made-up embedding: in-group similarity 1.0
+            (first, passed_everything("walk_a", 2, 0.5)),
+            (second, passed_everything("walk_b", 2, 0.5)),
+        ],
+    )
+    assert group.data["funnel"] == ["admitted", "novelty"]
+    archive = ctx.archive()
+    kept = archive.environment(source_sha(first))
+    dropped = archive.environment(source_sha(second))
+    assert kept is not None and dropped is not None
+    assert (kept.status, dropped.status) == ("admitted", "rejected")
+    report = archive.validation("g1-1")
+    assert report is not None
+    assert (report.verdict, report.failed_stage) == ("rejected", "novelty")
+    novelty = report.stages[-1]
+    assert not novelty.ok and "to candidate 0 of its generation group" in novelty.detail
+    assert novelty.data["similarity"] == pytest.approx(1.0)
+    stored = archive.validation("g1-0")
+    assert stored is not None and stored.verdict == "admitted"
