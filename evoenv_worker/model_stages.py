@@ -4,7 +4,6 @@ them and records their results; `tasks.py` runs each as a job on its queue."""
 
 from __future__ import annotations
 
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -15,6 +14,7 @@ import structlog
 from evoenv_worker.grade import grade_op, grade_op_seconds, read_grades
 from evoenv_worker.novelty import EnvEmbedding, novelty, similarity
 from evoenv_worker.review import VERDICT_SCHEMA, parse_verdict, review_messages, summarise
+from evoenv_worker.stages import canonical
 from shared.config import Settings
 from shared.environment import build_prompt, extract_answer
 from shared.inference import InferenceClient, Sampling
@@ -287,10 +287,6 @@ def same_oracle(
 
 def _agree(mine: dict[str, Any], theirs: dict[str, Any]) -> bool:
     """The same reference (as JSON) or the same answer text."""
-    if _canonical(mine["reference"]) == _canonical(theirs["reference"]):
+    if canonical(mine["reference"]) == canonical(theirs["reference"]):
         return True
     return str(mine["answer_text"]).strip() == str(theirs["answer_text"]).strip()
-
-
-def _canonical(value: object) -> str:
-    return json.dumps(value, sort_keys=True, default=repr)

@@ -71,7 +71,8 @@ class Check:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-def _canonical(value: Any) -> str:
+def canonical(value: Any) -> str:
+    """`value` as compact JSON with sorted keys: equal values, equal texts."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
@@ -192,7 +193,7 @@ def _failure_text(result: OpResult) -> str:
 def _signatures(results: list[OpResult]) -> list[str | None]:
     """What must be identical across processes and orders, per instance (None: failed)."""
     return [
-        _canonical(
+        canonical(
             [r.value["instance"], r.value["reference"], r.value["prompt"], r.value["answer_text"]]
         )
         if r.ok
@@ -208,7 +209,7 @@ def check_deterministic(
     seeds, and the same result for each item alone as inside a batch in a different order."""
     ops = [instance_op(item.seed, item.difficulty) for item in items]
     expected: list[str | None] = [
-        _canonical([i.instance, i.reference, i.prompt, i.answer_text]) for i in items
+        canonical([i.instance, i.reference, i.prompt, i.answer_text]) for i in items
     ]
     with fresh(hash_seeds[0]) as first:
         batch = _signatures(first.run(ops))
@@ -264,7 +265,7 @@ def check_nontrivial(items: Sequence[Item], meta: Meta, settings: ValidationSett
     """L4: references and prompts vary, difficulty matters, the prompt does not leak."""
     for difficulty in meta.difficulties:
         group = [item for item in items if item.difficulty == difficulty]
-        references = {_canonical(item.reference) for item in group}
+        references = {canonical(item.reference) for item in group}
         prompts = {item.prompt for item in group}
         trigger = Trigger(difficulty=difficulty)
         if len(references) < settings.min_distinct_references:
@@ -285,7 +286,7 @@ def check_nontrivial(items: Sequence[Item], meta: Meta, settings: ValidationSett
     if meta.min_difficulty == meta.max_difficulty:
         return Check(False, "min_difficulty equals max_difficulty: difficulty must matter")
     sizes = {
-        d: [len(_canonical(i.instance)) for i in items if i.difficulty == d]
+        d: [len(canonical(i.instance)) for i in items if i.difficulty == d]
         for d in (meta.min_difficulty, meta.max_difficulty)
     }
     low = sum(sizes[meta.min_difficulty]) / len(sizes[meta.min_difficulty])
