@@ -14,7 +14,7 @@ import structlog
 from evoenv_worker.grade import grade_op, grade_op_seconds, read_grades
 from evoenv_worker.novelty import EnvEmbedding, novelty, similarity
 from evoenv_worker.review import VERDICT_SCHEMA, parse_verdict, review_messages, summarise
-from evoenv_worker.stages import canonical
+from evoenv_worker.stages import canonical, instance_op
 from shared.config import Settings
 from shared.environment import build_prompt, extract_answer
 from shared.inference import InferenceClient, Sampling
@@ -261,10 +261,7 @@ def same_oracle(
     if a.same_oracle_members <= 0 or a.same_oracle_instances <= 0:
         return None
     sandbox = ctx.sandbox()
-    ops = [
-        {"op": "instance", "seed": seed, "difficulty": job.trace.difficulty}
-        for seed in range(a.same_oracle_instances)
-    ]
+    ops = [instance_op(seed, job.trace.difficulty) for seed in range(a.same_oracle_instances)]
     mine = sandbox.run(job.env.source, ops, filename=f"{job.env.name}.py")
     if not all(r.ok for r in mine):
         return None

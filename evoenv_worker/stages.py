@@ -58,6 +58,18 @@ class Item:
     prompt: str
     answer_text: str
 
+    @classmethod
+    def from_value(cls, seed: int, difficulty: int, value: dict[str, Any]) -> Item:
+        """The item of an `instance` op's value."""
+        return cls(
+            seed,
+            difficulty,
+            value["instance"],
+            value["reference"],
+            value["prompt"],
+            value["answer_text"],
+        )
+
     @property
     def trigger(self) -> Trigger:
         return Trigger(seed=self.seed, difficulty=self.difficulty)
@@ -148,16 +160,7 @@ def check_executes(
                 f"the prompt is {size} bytes; the limit is {settings.max_prompt_bytes}",
                 trigger,
             ), []
-        items.append(
-            Item(
-                seed,
-                difficulty,
-                value["instance"],
-                value["reference"],
-                prompt,
-                value["answer_text"],
-            )
-        )
+        items.append(Item.from_value(seed, difficulty, value))
     for k, item in enumerate(items):
         scored = results[len(pairs) + k]
         if not scored.ok:
@@ -344,17 +347,7 @@ def check_well_posed(
             trigger = Trigger(seed=op["seed"], difficulty=op["difficulty"])
             if not result.ok:
                 return Check(False, f"sampling failed: {_failure_text(result)}", trigger)
-            value = result.value
-            extra.append(
-                Item(
-                    op["seed"],
-                    op["difficulty"],
-                    value["instance"],
-                    value["reference"],
-                    value["prompt"],
-                    value["answer_text"],
-                )
-            )
+            extra.append(Item.from_value(op["seed"], op["difficulty"], result.value))
     sampled = [*items, *extra]
     by_prompt: dict[str, list[Item]] = {}
     for item in sampled:
@@ -402,6 +395,19 @@ def check_well_posed(
         f"{len(checked)} answers checked across instances with the same prompt",
         data={"instances": len(sampled), "prompts": len(by_prompt), "same_prompt": len(checked)},
     )
+
+
+def check_l4(
+    runner: Runner, items: Sequence[Item], meta: Meta, settings: ValidationSettings
+) -> Check:
+    """L4 as the validator runs it: `check_nontrivial`, then `check_well_posed`."""
+    nontrivial = check_nontrivial(items, meta, settings)
+    if not nontrivial.ok:
+        return nontrivial
+    posed = check_well_posed(runner, items, meta, settings)
+    if not posed.ok:
+        return posed
+    return Check(True, f"{nontrivial.detail}; {posed.detail}", data=nontrivial.data | posed.data)
 
 
 # --------------------------------------------------------------------------------------- L5

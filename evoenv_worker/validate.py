@@ -106,17 +106,7 @@ def validate_source(
         if not record("L3", stages.check_deterministic(fresh, items), started):
             return finish("rejected", "L3")
         started = time.perf_counter()
-        nontrivial = stages.check_nontrivial(items, meta, settings.validation)
-        if nontrivial.ok:
-            posed = stages.check_well_posed(runner, items, meta, settings.validation)
-            nontrivial = (
-                posed
-                if not posed.ok
-                else stages.Check(
-                    True, f"{nontrivial.detail}; {posed.detail}", data=nontrivial.data | posed.data
-                )
-            )
-        if not record("L4", nontrivial, started):
+        if not record("L4", stages.check_l4(runner, items, meta, settings.validation), started):
             return finish("rejected", "L4")
         started = time.perf_counter()
         if not record("L5", stages.check_scorer(runner, items, meta, settings.validation), started):

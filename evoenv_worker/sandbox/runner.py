@@ -820,25 +820,19 @@ def _answer_text(env: Any, op: dict[str, Any]) -> dict[str, Any]:
 
 
 def _solve(env: Any, op: dict[str, Any]) -> dict[str, Any]:
-    from shared.environment import json_round_trips
-
     instance = op.get("instance")
     if not isinstance(instance, dict):
         return _fail(-1, "type", "solve", "instance must be a JSON object")
-    routine = "solve"
     try:
         reference = env.solve(_copy(instance, True))
-        routine = "answer_text"
-        text = env.answer_text(_copy(reference, json_round_trips(reference)))
     except MemoryError:
-        return _fail(-1, "memory", routine, f"{routine} ran out of memory")
+        return _fail(-1, "memory", "solve", "solve ran out of memory")
     except BaseException as exc:  # noqa: BLE001
-        return _fail(-1, "exception", routine, f"{routine} raised {_describe(exc)}")
-    if not isinstance(text, str):
-        return _fail(
-            -1, "type", "answer_text", f"answer_text returned {type(text).__name__}, expected str"
-        )
-    return {"ok": True, "value": {"reference": reference, "answer_text": text}}
+        return _fail(-1, "exception", "solve", f"solve raised {_describe(exc)}")
+    text = _answer_text(env, {"reference": reference})
+    if not text["ok"]:
+        return text
+    return {"ok": True, "value": {"reference": reference, "answer_text": text["value"]}}
 
 
 def _copy(value: Any, round_trips: bool) -> Any:
