@@ -41,34 +41,36 @@ def grade_op_seconds(settings: Settings, answers: int) -> float:
 
 def read_grades(result: OpResult, answers: list[str | None]) -> tuple[list[Grade | None], str]:
     """The grade of each answer of a `grade` op (None for a null answer) and "", or no grades
-    and the reason when the op failed or its reply does not have the expected shape."""
+    and the reason when the op failed or its reply does not have the expected shape.
+
+    The reply holds each distinct reward once ("scores") and, per answer, the index of its
+    reward or null ("outcomes"), with the errors of the answers whose scorer failed by position
+    (see `sandbox/runner.py`). It is untrusted: every score is checked again, and an outcome
+    that is not an index of "scores" is an answer without a reward."""
     if not result.ok:
         return [], result.reason
     value = result.value
-    rewards = value.get("rewards") if isinstance(value, dict) else None
+    scores = value.get("scores") if isinstance(value, dict) else None
+    outcomes = value.get("outcomes") if isinstance(value, dict) else None
     errors = value.get("errors") if isinstance(value, dict) else None
     if not (
-        isinstance(rewards, list)
-        and isinstance(errors, list)
-        and len(rewards) == len(errors) == len(answers)
+        isinstance(scores, list)
+        and isinstance(outcomes, list)
+        and isinstance(errors, dict)
+        and len(outcomes) == len(answers)
     ):
         return [], "the sandbox returned a malformed grade result"
+    levels = [grade_value(score) for score in scores]  # grades are immutable: one per reward
     grades: list[Grade | None] = []
-    seen: dict[float, Grade] = {}  # grades are immutable: one per distinct reward will do
-    for answer, reward, error in zip(answers, rewards, errors, strict=True):
+    for position, (answer, outcome) in enumerate(zip(answers, outcomes, strict=True)):
         if answer is None:
             grades.append(None)
-        elif isinstance(error, str):
-            grades.append(Grade.env_error(error[:2000]))
-        elif reward is None:
-            grades.append(Grade.env_error("the scorer gave no reward"))
-        elif type(reward) is float and reward in seen:
-            grades.append(seen[reward])
+        elif type(outcome) is int and 0 <= outcome < len(levels):
+            grades.append(levels[outcome])
         else:
-            grade = grade_value(reward)  # checked again: the reply is untrusted
-            if type(reward) is float:
-                seen[reward] = grade
-            grades.append(grade)
+            error = errors.get(str(position))
+            detail = error[:2000] if isinstance(error, str) else "the scorer gave no reward"
+            grades.append(Grade.env_error(detail))
     return grades, ""
 
 

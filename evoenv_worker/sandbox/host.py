@@ -158,19 +158,24 @@ class Sandbox:
             raise SandboxFailure(f"the fork server is gone: {exc}") from exc
         results: list[OpResult] = []
         while True:
-            message = self._read_message(deadline)
-            if not isinstance(message, dict):
-                raise SandboxFailure("reply is not a JSON object")
-            if message.get("done") is True:
-                break
-            if message.get("i") != len(results) or not isinstance(message.get("ok"), bool):
+            line = self._read_line(deadline)
+            if line.startswith(b'{"i":%d,"ok":' % len(results)):
+                # The server checked only this beginning: the rest is the environment's.
+                results.append(_to_result(_parse_result(line, len(results))))
+                continue
+            message = _parse(line)
+            if not isinstance(message, dict) or message.get("done") is not True:
                 raise SandboxFailure("reply out of order")
-            results.append(_to_result(message))
+            break
         if len(results) != n_ops:
             raise SandboxFailure(f"{len(results)} replies for {n_ops} operations")
         return results
 
     def _read_message(self, deadline: float) -> Any:
+        """The next line of the server, parsed."""
+        return _parse(self._read_line(deadline))
+
+    def _read_line(self, deadline: float) -> bytes:
         assert self._proc is not None and self._proc.stdout is not None
         fd = self._proc.stdout.fileno()
         cap = self.settings.output_bytes + (64 << 10)
@@ -188,10 +193,7 @@ class Sandbox:
                 raise SandboxFailure(f"the fork server exited ({self._proc.poll()})")
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
-        try:
-            return json.loads(line)
-        except ValueError as exc:
-            raise SandboxFailure("reply is not JSON") from exc
+        return line
 
     def _kill(self) -> None:
         proc, self._proc = self._proc, None
@@ -206,6 +208,28 @@ class Sandbox:
         for stream in (proc.stdin, proc.stdout):
             if stream is not None:
                 stream.close()
+
+
+def _parse(line: bytes) -> Any:
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise SandboxFailure("reply is not JSON") from exc
+
+
+def _parse_result(line: bytes, index: int) -> dict[str, Any]:
+    """The result of op `index` in `line`, or its failure when the line is not exactly that."""
+    try:
+        message = json.loads(line)
+    except (ValueError, RecursionError):
+        message = None
+    if (
+        isinstance(message, dict)
+        and message.get("i") == index
+        and isinstance(message.get("ok"), bool)
+    ):
+        return message
+    return {"ok": False, "kind": "output", "error": "the environment wrote a malformed result"}
 
 
 def _to_result(message: dict[str, Any]) -> OpResult:

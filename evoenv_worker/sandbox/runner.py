@@ -6,10 +6,11 @@ spare forked and confined before the request came (`Spare`: fork, rlimits and, w
 `confine.confine_child`, then a rehearsal with an environment of ours, `_rehearse`), which
 takes its work over a pipe, sets the request's own limits, loads the environment source and
 runs the request's operations in order, writing one JSON line per operation to a private pipe.
-While it works the server forks the next spare. The server checks each line (exactly one JSON
-object, with the expected "i" and a boolean "ok") and relays it to stdout as it is, enforces
-the per-operation time limit and the output cap, and takes a fresh child for the remaining
-operations when one dies or overruns. It ends every request with a `{"done": true}` line once
+While it works the server forks the next spare. The server checks that each line begins as the
+child writes it, `{"i":N,"ok":` with the expected N, and relays it to stdout as it is, without
+parsing it (the host parses every line and takes one that is not such a JSON object as that
+operation's failure); it enforces the per-operation time limit and the output cap, and takes a
+fresh child for the remaining operations when one dies, overruns or writes anything else. It ends every request with a `{"done": true}` line once
 every child of the request is dead or SIGKILLed (it can run nothing more), and reaps those
 before it reads the next request.
 
@@ -31,11 +32,14 @@ Operations (each a dict with "op"):
   {"reference", "answer_text"}.
 - grade {seed, difficulty, answers: [str | null, ...]}: the batched grading path. Sample and
   solve the instance once (as `instance` does: sample, solve, render, answer_text), then score
-  every non-null answer against it. Its value is {"rewards": [float | null], "errors":
-  [str | null], "prompt", "answer_text"}, one reward and one error per answer: a scored answer
-  has its reward in [0, 1] and a null error; a null answer has both null; an answer whose
-  scorer raised, ran out of memory or returned something that is not a number in [0, 1] has a
-  null reward and the error in words. Those are per-answer failures: the op still succeeds.
+  every non-null answer against it. Its value is {"scores": [float], "outcomes": [int | null],
+  "errors": {position: str}, "prompt", "answer_text"}: "scores" holds each distinct reward
+  once, and "outcomes" has one entry per answer, the index in "scores" of its reward (JSON
+  reads an int several times faster than a float, and a group has few distinct rewards). A
+  null answer has a null outcome; an answer whose scorer raised, ran out of memory or returned
+  something that is not a number in [0, 1] has a null outcome and its error in words in
+  "errors" under its position (a string: JSON keys are strings). Those are per-answer
+  failures: the op still succeeds.
   The op fails (like `instance`) only when sampling, solving, rendering or answer_text fails,
   or when `answers` is not a list; and, like any op, when the whole op overruns the time limit,
   runs the child out of memory or kills it: then no answer of it has a reward.
@@ -176,7 +180,7 @@ def serve_request(
     filename = request.get("filename", "environment.py")
     op_seconds = float(limits.get("op_seconds", 10.0))
     output_bytes = int(limits.get("output_bytes", 1 << 20))
-    done: dict[int, dict[str, Any]] = {}
+    done: dict[int, bytes] = {}
     pending = list(range(len(ops)))
     failures = 0
     while pending:
@@ -228,10 +232,15 @@ def _hand_over(fd: int, work: bytes) -> bool:
     return True
 
 
-def _resolve(op: Any, done: dict[int, dict[str, Any]]) -> Any:
+def _resolve(op: Any, done: dict[int, bytes]) -> Any:
     """Give a score op the instance of its source op when that ran in an earlier child."""
     if isinstance(op, dict) and op.get("op") == "score" and op.get("from") in done:
-        value = done[op["from"]].get("value") or {}
+        try:
+            value = json.loads(done[op["from"]]).get("value")
+        except (ValueError, RecursionError, AttributeError):
+            value = None
+        if not isinstance(value, dict):
+            value = {}
         answer = op.get("answer")
         if answer is None and isinstance(value.get("answer_text"), str):
             answer = value["answer_text"].strip()
@@ -252,7 +261,7 @@ def _relay(
     pending: list[int],
     op_seconds: float,
     cap: int,
-    done: dict[int, dict[str, Any]],
+    done: dict[int, bytes],
     cache_key: tuple[str, str] | None,
     started: float,
 ) -> tuple[int, dict[str, Any] | None]:
@@ -283,15 +292,14 @@ def _relay(
                 _store_code(cache_key, line)
                 cache_key = None
                 continue
-            result = _parse_child_line(line, index)
-            if result is None:
+            prefix = b'{"i":%d,"ok":' % index
+            if not line.startswith(prefix):
                 _stop(pid)
                 return finished, _fail(index, "output", "", "the child wrote a malformed result")
-            if result.get("ok"):
-                done[index] = result
-            # The line parsed as exactly one JSON object with the expected "i" and a boolean
-            # "ok", and holds no newline: the host's json.loads reads the same object from it,
-            # so it goes on as it is rather than re-encoded.
+            if line.startswith(b"true", len(prefix)):
+                done[index] = line  # parsed only if a later child needs it (`_resolve`)
+            # It holds no newline and begins as only a result of this op does; the host parses
+            # it, and takes it as this op's failure when it is not one whole JSON object.
             out.write(line + b"\n")
             finished += 1
             deadline = time.monotonic() + op_seconds
@@ -322,20 +330,6 @@ def _store_code(key: tuple[str, str], line: bytes) -> None:
     _code_cache[key] = code
     while len(_code_cache) > CODE_CACHE_ENTRIES:
         del _code_cache[next(iter(_code_cache))]
-
-
-def _parse_child_line(line: bytes, index: int) -> dict[str, Any] | None:
-    try:
-        result = json.loads(line)
-    except ValueError:
-        return None
-    if (
-        not isinstance(result, dict)
-        or result.get("i") != index
-        or not isinstance(result.get("ok"), bool)
-    ):
-        return None
-    return result
 
 
 _stopped: list[int] = []
@@ -412,7 +406,8 @@ def _child(work_fd: int, write_fd: int, confined: bool) -> None:
                 result = _fail(index, "load", "load", env_or_error)
             else:
                 result = run_op(env_or_error, op, kept, index)
-                result["i"] = index
+                result.pop("i", None)
+                result = {"i": index, **result}  # the line begins {"i":N,"ok": (`_relay`)
             try:
                 line = dumps(result, separators=(",", ":"), default=_unencodable)
             except (ValueError, RecursionError):
@@ -718,10 +713,11 @@ def _grade(env: Any, op: dict[str, Any]) -> dict[str, Any]:
     instance_copy = _copier(value["instance"], value["round_trip"]["instance"])
     reference_copy = _copier(value["reference"], value["round_trip"]["reference"])
     score = env.score
-    rewards: list[float | None] = []
-    errors: list[str | None] = []
+    scores: dict[float, int] = {}  # reward -> its index in the value's "scores"
+    outcomes: list[int | None] = []
+    errors: dict[str, str] = {}
     start = time.perf_counter()
-    for answer in answers:
+    for position, answer in enumerate(answers):
         reward = error = None
         if answer is None:
             pass
@@ -742,12 +738,17 @@ def _grade(env: Any, op: dict[str, Any]) -> dict[str, Any]:
                     reward = grade.reward
                     if reward is None:
                         error = grade.detail
-        rewards.append(reward)
-        errors.append(error)
+        if reward is None:
+            outcomes.append(None)
+            if error is not None:
+                errors[str(position)] = error
+        else:
+            outcomes.append(scores.setdefault(reward, len(scores)))
     seconds = dict(made["seconds"])
     seconds["score"] = round(time.perf_counter() - start, 6)
     graded = {
-        "rewards": rewards,
+        "scores": list(scores),
+        "outcomes": outcomes,
         "errors": errors,
         "prompt": value["prompt"],
         "answer_text": value["answer_text"],

@@ -334,6 +334,11 @@ def test_the_confined_command_binds_only_what_it_needs(
 # ----------------------------------------------------------------------------- the grade op
 
 
+def rewards(graded: dict[str, Any]) -> list[float | None]:
+    """Each answer's reward in a `grade` op's value (None where it has none)."""
+    return [None if k is None else graded["scores"][k] for k in graded["outcomes"]]
+
+
 def test_the_grade_op_scores_every_answer_against_one_instance(sandbox: Sandbox) -> None:
     right, made = right_answer(sandbox, 3, 2)
     answers: list[object] = [right, "0", None, right, right + "0"]
@@ -341,8 +346,9 @@ def test_the_grade_op_scores_every_answer_against_one_instance(sandbox: Sandbox)
     assert result.ok, result
     # Every call gets its own instance and reference: what the scorer did to them in one call
     # (it mutates both) never reaches the next, so the second right answer scores 1.0 too.
-    assert result.value["rewards"] == [1.0, 0.0, None, 1.0, 0.0]
-    assert result.value["errors"] == [None] * 5
+    assert rewards(result.value) == [1.0, 0.0, None, 1.0, 0.0]
+    assert result.value["scores"] == [1.0, 0.0]  # each distinct reward once
+    assert result.value["errors"] == {}
     assert result.value["prompt"] == made["prompt"]
     assert result.value["answer_text"] == right
     assert {"sample", "solve", "score"} <= set(result.seconds)
@@ -358,7 +364,7 @@ def test_the_grade_op_matches_the_seed_run_in_process(sandbox: Sandbox) -> None:
     answers = [right, "wrong", right.replace(", ", ","), right[::-1]]
     [result] = sandbox.run(source, [grade(5, 4, list(answers))])
     assert result.ok, result
-    assert result.value["rewards"] == [seed.score(instance, reference, a) for a in answers]
+    assert rewards(result.value) == [seed.score(instance, reference, a) for a in answers]
     assert result.value["prompt"] == seed.render(instance)
     assert result.value["answer_text"] == right
 
@@ -367,12 +373,12 @@ def test_a_failing_answer_fails_alone(sandbox: Sandbox) -> None:
     right, _ = right_answer(sandbox, 4, 2)
     [result] = sandbox.run(GRADE_SOURCE, [grade(4, 2, ["raise", right, "big", 7, right])])
     assert result.ok, result
-    assert result.value["rewards"] == [None, 1.0, None, None, 1.0]
+    assert rewards(result.value) == [None, 1.0, None, None, 1.0]
     errors = result.value["errors"]
-    assert "ValueError: cannot read raise" in errors[0]
-    assert "outside [0, 1]" in errors[2]
-    assert errors[3] == "answer must be a string"
-    assert errors[1] is None and errors[4] is None
+    assert sorted(errors) == ["0", "2", "3"]  # by position, only the answers that failed
+    assert "ValueError: cannot read raise" in errors["0"]
+    assert "outside [0, 1]" in errors["2"]
+    assert errors["3"] == "answer must be a string"
 
 
 def test_a_sampling_failure_fails_the_grade_op(sandbox: Sandbox) -> None:
@@ -447,6 +453,57 @@ def test_a_child_cannot_plant_code_in_the_server_cache(sandbox: Sandbox) -> None
         )
         assert describe.ok and describe.value["name"] == "poison", describe
         assert made.ok and made.value["prompt"] == "Repeat the number.", made
+
+
+GARBLE_SOURCE = """
+import os
+import random
+
+from shared.environment import Environment
+
+
+class Garble(Environment):
+    \"\"\"Its scorer writes, on every descriptor it has, a line that begins as the result of
+    op 0 does and then nests deeper than any JSON reader goes.\"\"\"
+
+    name = "garble"
+    description = "Write a malformed result line."
+
+    def sample(self, rng: random.Random, difficulty: int) -> dict:
+        return {"n": rng.randint(1, 9)}
+
+    def solve(self, instance: dict) -> int:
+        return instance["n"]
+
+    def render(self, instance: dict) -> str:
+        return "Repeat the number."
+
+    def score(self, instance: dict, reference: int, answer: str) -> float:
+        line = ('{"i":0,"ok":true,"value":' + "[" * 100_000 + "\\n").encode()
+        for fd in range(3, 256):
+            try:
+                os.write(fd, line)
+            except OSError:
+                pass
+        return 1.0
+"""
+
+
+def test_a_malformed_result_line_fails_its_op_only(sandbox: Sandbox) -> None:
+    """The server relays a line that begins as op 0's result does without parsing it; the
+    host cannot read it and fails op 0 with it. The child's own result for op 0 then comes
+    where op 1's is due: the server stops the child there, and op 2 runs in a fresh one. The
+    server lives on."""
+    restarts = sandbox.restarts
+    score = {"op": "score", "answer": "1", "instance": {"n": 1}, "reference": 1}
+    [garbled, late, described] = sandbox.run(
+        GARBLE_SOURCE, [score, {"op": "describe"}, {"op": "describe"}]
+    )
+    assert (garbled.ok, garbled.kind) == (False, "output"), garbled
+    assert "malformed" in garbled.error
+    assert (late.ok, late.kind) == (False, "output"), late
+    assert described.ok and described.value["name"] == "garble", described
+    assert sandbox.restarts == restarts
 
 
 def _counting_runs(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
