@@ -11,15 +11,19 @@ Two calls, in this order, both irreversible:
   domain in which the filesystem is read-only on the system library dirs, the Python install,
   the project files on `sys.path` and three harmless devices; writable only in `SCRATCH` and
   on /dev/null; TCP bind and connect are refused; signals and abstract unix sockets cannot
-  leave the domain. It also assembles the seccomp filter the children will load.
-- `confine_child()`, in each forked child after its rlimits: a nested Landlock domain that
+  leave the domain. It also builds what every child will load, once: the ruleset of the
+  children's Landlock domain (an open descriptor, inherited by each fork) and the seccomp
+  filter. Being undumpable is inherited by each fork too.
+- `confine_child()`, in each forked child before it runs anything of the request (after
+  closing every descriptor but its own pipes and `child_fds()`): a nested Landlock domain that
   allows no writes at all (save /dev/null) and scopes signals and abstract sockets to the
-  child, so `kill(-1)` or `kill(getppid())` cannot reach the server; then the seccomp filter,
-  which makes process creation (fork, vfork, clone without CLONE_THREAD; clone3 gives ENOSYS so
-  glibc falls back to clone for threads), exec, socket creation, ptrace, namespaces and
-  mounts, keyrings, SysV and POSIX message-queue IPC, io_uring, bpf, perf, changing the
-  limits or priority of another process and the privileged administration calls fail with
-  EPERM, and kills the process on a foreign syscall ABI (i386, x32).
+  child, so `kill(-1)` or `kill(getppid())` cannot reach the server (the child closes its copy
+  of the ruleset's descriptor once it is in); then the seccomp filter, which makes process
+  creation (fork, vfork, clone without CLONE_THREAD; clone3 gives ENOSYS so glibc falls back
+  to clone for threads), exec, socket creation, ptrace, namespaces and mounts, keyrings, SysV
+  and POSIX message-queue IPC, io_uring, bpf, perf, changing the limits or priority of another
+  process and the privileged administration calls fail with EPERM, and kills the process on a
+  foreign syscall ABI (i386, x32).
 
 `status()` says what was applied; the server sends it in its greeting.
 
@@ -152,6 +156,10 @@ _X86_64_DENIED = {
     "clock_settime": 227, "clock_adjtime": 305, "adjtimex": 159, "_sysctl": 156,
     "nfsservctl": 180,
 }
+_X86_64_OBSOLETE = {
+    # removed from the kernel (ENOSYS either way): denied too, so their neighbours form runs
+    "create_module": 174, "get_kernel_syms": 177, "query_module": 178,
+}
 # fmt: on
 
 
@@ -170,7 +178,12 @@ _prctl = _libc.prctl
 _prctl.restype = ctypes.c_int
 _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 
-_state: dict[str, Any] = {"landlock": False, "landlock_abi": 0, "seccomp": False}
+_state: dict[str, Any] = {
+    "landlock": False,
+    "landlock_abi": 0,
+    "seccomp": False,
+    "child_ruleset": -1,
+}
 _filter: tuple[ctypes.Array[ctypes.c_char], _SockFprog] | None = None
 
 
@@ -191,19 +204,26 @@ def confine_server() -> None:
     _check(_prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
     _thread.stack_size(THREAD_STACK_BYTES)
     _restrict_self(_server_ruleset(abi))
-    _state.update(landlock=True, landlock_abi=abi, seccomp=True)
+    children = _child_ruleset(abi)  # close-on-exec, like every Landlock ruleset descriptor
+    _state.update(landlock=True, landlock_abi=abi, seccomp=True, child_ruleset=children)
 
 
 def confine_child() -> None:
-    """Confine a forked child further: nested Landlock domain, then the seccomp filter."""
+    """Confine a forked child further: nested Landlock domain, then the seccomp filter. The
+    child's copy of the ruleset descriptor is closed; it keeps its other descriptors."""
     if not _state["landlock"] or _filter is None:
         raise ConfinementError("confine_child() needs confine_server() first")
-    _check(_prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
-    _restrict_self(_child_ruleset(_state["landlock_abi"]))
+    _restrict_self(_state["child_ruleset"])
     _check(
         _prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(_filter[1]), 0, 0),
         "prctl(PR_SET_SECCOMP)",
     )
+
+
+def child_fds() -> tuple[int, ...]:
+    """The descriptors a forked child keeps open for `confine_child()` (the ruleset of its
+    Landlock domain) when it closes the others."""
+    return (_state["child_ruleset"],) if _state["landlock"] else ()
 
 
 def status() -> dict[str, Any]:
@@ -355,7 +375,6 @@ def build_filter(machine: str) -> ctypes.Array[ctypes.c_char]:
 
 
 def _x86_64_program() -> list[_Instruction | str]:
-    deny = [(_BPF_JEQ_K, "deny", 0, number) for number in sorted(_X86_64_DENIED.values())]
     return [
         (_BPF_LD_W_ABS, 0, 0, _OFFSET_ARCH),
         (_BPF_JEQ_K, 1, 0, _AUDIT_ARCH_X86_64),
@@ -365,8 +384,7 @@ def _x86_64_program() -> list[_Instruction | str]:
         (_BPF_JEQ_K, "clone", 0, _X86_64_CLONE),
         (_BPF_JEQ_K, "enosys", 0, _X86_64_CLONE3),
         (_BPF_JEQ_K, "prlimit", 0, _X86_64_PRLIMIT64),
-        *deny,
-        (_BPF_RET_K, 0, 0, _RET_ALLOW),
+        *_deny_ranges(sorted({**_X86_64_DENIED, **_X86_64_OBSOLETE}.values())),
         "clone",  # threads only: CLONE_THREAD set, no namespace flag
         (_BPF_LD_W_ABS, 0, 0, _OFFSET_ARG0_LOW),
         (_BPF_JSET_K, 0, "deny", _CLONE_THREAD),
@@ -385,6 +403,29 @@ def _x86_64_program() -> list[_Instruction | str]:
         "kill",
         (_BPF_RET_K, 0, 0, _RET_KILL_PROCESS),
     ]
+
+
+def _deny_ranges(numbers: list[int]) -> list[_Instruction | str]:
+    """Deny `numbers` (sorted), then allow: a run of consecutive numbers takes two tests.
+
+    Loading a filter costs the child a few microseconds per instruction (the kernel checks
+    and compiles it), so runs are tested as ranges, lowest first: below a run's start, nothing
+    later can match, so the call is allowed."""
+    runs: list[list[int]] = []
+    for number in numbers:
+        if runs and number == runs[-1][1] + 1:
+            runs[-1][1] = number
+        else:
+            runs.append([number, number])
+    program: list[_Instruction | str] = []
+    for low, high in runs:
+        if low == high:
+            program.append((_BPF_JEQ_K, "deny", 0, low))
+        else:
+            program.append((_BPF_JGE_K, 0, "allow", low))
+            program.append((_BPF_JGE_K, 0, "deny", high + 1))
+    program.append((_BPF_RET_K, 0, 0, _RET_ALLOW))
+    return program
 
 
 def _assemble(program: list[_Instruction | str]) -> bytes:

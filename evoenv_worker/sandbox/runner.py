@@ -1,18 +1,20 @@
 """The fork server that runs inside the sandbox. Standard library only.
 
 Started by `host.Sandbox` as `python -I -S -B runner.py ROOT [--confine]`, where ROOT holds the
-`shared` package. It reads one JSON request per line on stdin and hands each to a child: a
-spare forked and confined before the request came (`Spare`: fork, rlimits and, when confined,
-`confine.confine_child`, then a rehearsal with an environment of ours, `_rehearse`), which
-takes its work over a pipe, sets the request's own limits, loads the environment source and
-runs the request's operations in order, writing one JSON line per operation to a private pipe.
-While it works the server forks the next spare. The server checks that each line begins as the
+`shared` package. It reads one JSON request per line on stdin and hands each to a child
+forked and started before the request came (`Spares`: forked a few at a time; when its turn
+comes, a child confines itself, `confine.confine_child`, sets rlimits and rehearses with an
+environment of ours, `_rehearse`), which takes its work over a pipe, sets the request's own
+limits, loads the environment source and runs the request's operations in order, writing one
+JSON line per operation to a private pipe. While it works the server starts the next child
+(forking more when none is left). The server checks that each line begins as the
 child writes it, `{"i":N,"ok":` with the expected N, and relays it to stdout as it is, without
 parsing it (the host parses every line and takes one that is not such a JSON object as that
 operation's failure); it enforces the per-operation time limit and the output cap, and takes a
-fresh child for the remaining operations when one dies, overruns or writes anything else. It ends every request with a `{"done": true}` line once
-every child of the request is dead or SIGKILLed (it can run nothing more), and reaps those
-before it reads the next request.
+fresh child for the remaining operations when one dies, overruns or writes anything else. It
+ends every request with a `{"done": true}` line once every child of the request is dead or
+SIGKILLed (it can run nothing more), and reaps the killed ones as they finish dying, while it
+waits for the next request or serves it: tearing down a child takes about a millisecond.
 
 The server itself never runs environment code. A child can only forge the results of its own
 request (it is the code being judged, so that gives it nothing its routines could not do);
@@ -67,9 +69,11 @@ import signal
 import sys
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+SPARES = 4
+"""Children forked in a row (see `Spares`)."""
 MAX_FAILURES_PER_REQUEST = 3
 """After this many dead or overrunning children, the rest of a request is skipped."""
 CHILD_OPEN_FILES = 256
@@ -112,10 +116,10 @@ def main() -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     _quiet.append(open(1, "w", closefd=False))  # noqa: SIM115 - lives as long as the server
     _rehearsal.append(marshal.dumps(compile(REHEARSAL, "rehearsal.py", "exec")))
-    spare = Spare(confined)
-    spare.refill()
+    spares = Spares(confined)
+    spares.start_next()
     _emit(out, {"ready": True, "python": sys.version.split()[0], "confinement": status})
-    for line in sys.stdin.buffer:
+    for line in _requests(sys.stdin.fileno()):
         try:
             request = json.loads(line)
             ops = request["ops"]
@@ -123,9 +127,25 @@ def main() -> None:
         except (ValueError, KeyError, TypeError) as exc:
             _emit(out, {"done": True, "error": f"malformed request: {exc}"})
             continue
-        serve_request(out, request, source, ops, spare)
+        serve_request(out, request, source, ops, spares)
         _emit(out, {"done": True})
-        _reap_stopped()
+
+
+def _requests(fd: int) -> Iterator[bytes]:
+    """The host's requests, one line each. While it waits for the next, the server reaps the
+    children it stopped (`_stop`) as each finishes dying."""
+    buffer = b""
+    while True:
+        while (end := buffer.find(b"\n")) < 0:
+            ready, _, _ = select.select([fd, *_stopped.values()], [], [])
+            _reap_dead(ready)
+            if fd in ready:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    return
+                buffer += chunk
+        yield buffer[:end]
+        buffer = buffer[end + 1 :]
 
 
 def _emit(out: Any, message: dict[str, Any]) -> None:
@@ -135,31 +155,52 @@ def _emit(out: Any, message: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- the server side
 
 
-class Spare:
-    """The next child, forked and confined before its request comes.
+class Spares:
+    """Children forked ahead of their requests; the next one confined and ready.
 
     Forking a child and confining it (rlimits, Landlock, seccomp) is most of a request's fixed
-    cost, and none of it depends on the request. So the server keeps one child ready: forked
-    and confined, waiting for its work on a pipe, with no environment code run in it. A
-    request takes it, hands it the work, and forks the next spare while this one runs (on
-    another core, or while the host waits anyway). A spare serves one request, as any child.
+    cost, and none of it depends on the request. So the server keeps the next child started
+    before its request comes: forked, confined and waiting for its work on a pipe, with no
+    environment code run in it. A request takes it, hands it the work, and starts the next one
+    while this one runs (on another core, or while the host waits anyway). A child serves one
+    request.
+
+    Children are forked `SPARES` at a time, each then waiting for its turn before it does
+    anything: a fork write-protects every page of the server, so each page the server writes
+    afterwards costs it a copy (some 260 pages a request here, most of a millisecond), once per
+    fork; after forking several in a row it pays that once for all of them. They are started
+    one at a time, so the work of getting ready never competes with more than one request.
     """
 
     def __init__(self, confined: bool) -> None:
         self.confined = confined
-        self.ready: tuple[int, int, int] | None = None
-        """(pid, the write end of its work pipe, the read end of its result pipe)."""
+        self.forked: list[tuple[int, int, int]] = []
+        """Children waiting for their turn: (pid, the write end of its work pipe, the read end
+        of its result pipe)."""
+        self.next: tuple[int, int, int] | None = None
+        """The child started for the next request."""
 
-    def refill(self) -> None:
-        if self.ready is None:
-            self.ready = _fork_child(self.confined)
+    def start_next(self) -> None:
+        """Start the child of the next request (fork more first, if none is left)."""
+        if self.next is None:
+            if not self.forked:
+                self.forked = [_fork_child(self.confined) for _ in range(SPARES)]
+            self.next = self.forked.pop()
+            try:
+                os.write(self.next[1], _START)
+            except BrokenPipeError:
+                pass  # it died waiting: handing it its work fails, and another is taken
 
     def take(self) -> tuple[int, int, int]:
-        """The spare (a fresh one when there is none), now the caller's."""
-        self.refill()
-        assert self.ready is not None
-        taken, self.ready = self.ready, None
+        """The started child (one started now when there is none), now the caller's."""
+        self.start_next()
+        assert self.next is not None
+        taken, self.next = self.next, None
         return taken
+
+
+_START = b"\x01"
+"""What the server writes to a forked child's work pipe when its turn comes."""
 
 
 def _fork_child(confined: bool) -> tuple[int, int, int]:
@@ -174,7 +215,7 @@ def _fork_child(confined: bool) -> tuple[int, int, int]:
 
 
 def serve_request(
-    out: Any, request: dict[str, Any], source: str, ops: list[Any], spare: Spare
+    out: Any, request: dict[str, Any], source: str, ops: list[Any], spares: Spares
 ) -> None:
     limits = request.get("limits", {})
     filename = request.get("filename", "environment.py")
@@ -200,13 +241,13 @@ def serve_request(
         # deeper than json.loads allows, well within marshal's depth.
         work = marshal.dumps((source, filename, batch, limits, code, key is not None))
         started = time.monotonic()
-        pid, work_fd, read_fd = spare.take()
+        pid, work_fd, read_fd = spares.take()
         if not _hand_over(work_fd, work):  # it died waiting: a fresh one
             _kill(pid)
             os.close(read_fd)
-            pid, work_fd, read_fd = spare.take()
+            pid, work_fd, read_fd = spares.take()
             _hand_over(work_fd, work)  # if this one is gone too, _relay reports the crash
-        spare.refill()  # while this child works
+        spares.start_next()  # while this child works
         cache_key = key if code is None else None
         finished, failure = _relay(
             out, read_fd, pid, pending, op_seconds, output_bytes, done, cache_key, started
@@ -332,22 +373,32 @@ def _store_code(key: tuple[str, str], line: bytes) -> None:
         del _code_cache[next(iter(_code_cache))]
 
 
-_stopped: list[int] = []
-"""Children killed during the current request, reaped once its done line is out."""
+_stopped: dict[int, int] = {}
+"""Children `_stop` killed and not reaped yet: pid -> a pidfd, readable once it is dead."""
+MAX_DYING = 8
+"""Killed children the server lets die in the background; one more, and it waits for them."""
 
 
 def _stop(pid: int) -> None:
     """SIGKILL a child that needs no post-mortem: it can run nothing more, so the request
-    can end before the kernel has finished tearing it down (`_reap_stopped`)."""
+    goes on while the kernel tears it down (a millisecond for a process this size), and the
+    server reaps it later (`_requests`, `_reap_dead`)."""
     _sigkill(pid)
-    _stopped.append(pid)
+    if len(_stopped) >= MAX_DYING:
+        _reap_dead(list(_stopped.values()), wait=True)
+    try:
+        _stopped[pid] = os.pidfd_open(pid)
+    except OSError:  # out of descriptors: wait for it now
+        os.waitpid(pid, 0)
 
 
-def _reap_stopped() -> None:
-    """Wait for the children `_stop` killed, after the done line: the host reads the results
-    while their memory is freed, and the server reads no request before they are gone."""
-    while _stopped:
-        os.waitpid(_stopped.pop(), 0)
+def _reap_dead(ready: list[int], wait: bool = False) -> None:
+    """Reap the stopped children whose pidfd is in `ready` (dead, unless `wait`)."""
+    for pid, pidfd in list(_stopped.items()):
+        if pidfd in ready:
+            os.waitpid(pid, 0)
+            os.close(pidfd)
+            del _stopped[pid]
 
 
 def _kill(pid: int) -> tuple[str, str, str]:
@@ -383,9 +434,18 @@ def _fail(index: int, kind: str, routine: str, error: str) -> dict[str, Any]:
 
 
 def _child(work_fd: int, write_fd: int, confined: bool) -> None:
-    """A spare: confine itself, wait for its work, run it, write the results, exit."""
+    """A forked child: close what is not its own, wait for its turn, confine itself, rehearse,
+    wait for its work, run it, write the results, exit."""
     try:
-        _isolate_child((work_fd, write_fd), confined)
+        keep = (work_fd, write_fd)
+        if confined:
+            import confine
+
+            keep += confine.child_fds()
+        _close_others(keep)
+        if os.read(work_fd, len(_START)) != _START:  # the server went away
+            return
+        _isolate_child(confined)
         _rehearse()
         work = _read_all(work_fd)
         if not work:  # the server went away, or never had work for it
@@ -421,10 +481,9 @@ def _child(work_fd: int, write_fd: int, confined: bool) -> None:
         os._exit(0)
 
 
-def _isolate_child(keep: tuple[int, ...], confined: bool) -> None:
-    """What every child gets before it waits for work: only its own pipes open, fds 0-2 on
-    /dev/null, the limits that do not depend on the request, and, confined, the nested
-    Landlock domain and the seccomp filter."""
+def _close_others(keep: tuple[int, ...]) -> None:
+    """Just after the fork: fds 0-2 on /dev/null, and every other descriptor closed but
+    `keep` (its pipes; the other children's are none of its business)."""
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
@@ -433,16 +492,21 @@ def _isolate_child(keep: tuple[int, ...], confined: bool) -> None:
         os.closerange(low, fd)
         low = fd + 1
     os.closerange(low, 1 << 16)
-    # fds 1 and 2 are /dev/null now; so is the stream the server made for this (`_quiet`).
+
+
+def _isolate_child(confined: bool) -> None:
+    """What every child gets before it takes its work: confined, the nested Landlock domain
+    and the seccomp filter, and the limits that do not depend on the request."""
+    if confined:
+        import confine
+
+        confine.confine_child()
+    # fds 1 and 2 are /dev/null; so is the stream the server made for this (`_quiet`).
     sys.stdout = sys.stderr = _quiet[0] if _quiet else open(os.devnull, "w")  # noqa: SIM115
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     # Descriptors hold kernel memory RLIMIT_AS does not count (pipe buffers, epoll, ...).
     resource.setrlimit(resource.RLIMIT_NOFILE, (CHILD_OPEN_FILES, CHILD_OPEN_FILES))
-    if confined:
-        import confine
-
-        confine.confine_child()
 
 
 REHEARSAL = """

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -589,6 +590,43 @@ def test_the_filter_is_refused_on_other_architectures() -> None:
     assert len(confine.build_filter("x86_64")) % 8 == 0
     with pytest.raises(confine.ConfinementError, match="x86_64 only"):
         confine.build_filter("aarch64")
+
+
+def _run_filter(program: bytes, nr: int, arch: int = 0xC000003E, arg0: int = 0) -> int:
+    """What the classic BPF `program` returns for a syscall: the few instructions it uses."""
+    words = {0: nr, 4: arch, 16: arg0 & 0xFFFFFFFF, 20: arg0 >> 32}
+    code = [struct.unpack_from("=HBBI", program, at) for at in range(0, len(program), 8)]
+    pc = accumulator = 0
+    while True:
+        op, jt, jf, k = code[pc]
+        if op == 0x20:  # load a word of seccomp_data
+            accumulator, pc = words[k], pc + 1
+        elif op == 0x06:  # return
+            return k
+        else:
+            taken = {0x15: accumulator == k, 0x35: accumulator >= k, 0x45: accumulator & k}[op]
+            pc += 1 + (jt if taken else jf)
+
+
+def test_the_filter_denies_exactly_its_list() -> None:
+    """Every x86_64 syscall number up to 1023: the denied ones (listed, or removed from the
+    kernel) get EPERM, every other one passes; clone only for threads, clone3 ENOSYS, prlimit
+    only on itself, and another ABI kills."""
+    program = bytes(confine.build_filter("x86_64"))
+    allow, eperm, enosys, kill = 0x7FFF0000, 0x00050001, 0x00050026, 0x80000000
+    denied = {*confine._X86_64_DENIED.values(), *confine._X86_64_OBSOLETE.values()}
+    special = {56, 435, 302}  # clone, clone3, prlimit64
+    for nr in set(range(1024)) - special:
+        assert _run_filter(program, nr) == (eperm if nr in denied else allow), nr
+    thread = 0x00010000 | 0x00000100 | 0x00000200  # CLONE_THREAD | CLONE_VM | CLONE_FS
+    assert _run_filter(program, 56, arg0=thread) == allow
+    assert _run_filter(program, 56, arg0=0x11) == eperm  # fork as glibc does it
+    assert _run_filter(program, 56, arg0=thread | 0x10000000) == eperm  # CLONE_NEWUSER
+    assert _run_filter(program, 435) == enosys
+    assert _run_filter(program, 302, arg0=0) == allow
+    assert _run_filter(program, 302, arg0=1) == eperm
+    assert _run_filter(program, 0x40000000 | 1) == kill  # x32
+    assert _run_filter(program, 1, arch=0x40000003) == kill  # i386
 
 
 def test_missing_isolation_says_how_to_fix_it(monkeypatch: pytest.MonkeyPatch) -> None:
