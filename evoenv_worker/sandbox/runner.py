@@ -7,14 +7,14 @@ comes, a child confines itself, `confine.confine_child`, sets rlimits and rehear
 environment of ours, `_rehearse`), which takes its work over a pipe, sets the request's own
 limits, loads the environment source and runs the request's operations in order, writing one
 JSON line per operation to a private pipe. While it works the server starts the next child
-(forking more when none is left). The server checks that each line begins as the
-child writes it, `{"i":N,"ok":` with the expected N, and relays it to stdout as it is, without
-parsing it (the host parses every line and takes one that is not such a JSON object as that
-operation's failure); it enforces the per-operation time limit and the output cap, and takes a
-fresh child for the remaining operations when one dies, overruns or writes anything else. It
-ends every request with a `{"done": true}` line once every child of the request is dead or
-SIGKILLed (it can run nothing more), and reaps the killed ones as they finish dying, while it
-waits for the next request or serves it: tearing down a child takes about a millisecond.
+(forking more when none is left). The server checks that each line begins as the child writes
+it, `{"i":N,"ok":` with the expected N, and relays it to stdout as it is, without parsing it
+(the host parses every line and takes one that is not such a JSON object as that operation's
+failure); it enforces the per-operation time limit and the output cap, and takes a fresh child
+for the remaining operations when one dies, overruns or writes anything else. It ends every
+request with a `{"done": true}` line once every child of the request is dead or SIGKILLed (it
+can run nothing more), and reaps the killed ones as they finish dying, while it waits for the
+next request or serves it: tearing down a child takes about a millisecond.
 
 The server itself never runs environment code. A child can only forge the results of its own
 request (it is the code being judged, so that gives it nothing its routines could not do);
@@ -385,15 +385,16 @@ def _stop(pid: int) -> None:
     server reaps it later (`_requests`, `_reap_dead`)."""
     _sigkill(pid)
     if len(_stopped) >= MAX_DYING:
-        _reap_dead(list(_stopped.values()), wait=True)
+        _reap_dead(list(_stopped.values()))
     try:
         _stopped[pid] = os.pidfd_open(pid)
     except OSError:  # out of descriptors: wait for it now
         os.waitpid(pid, 0)
 
 
-def _reap_dead(ready: list[int], wait: bool = False) -> None:
-    """Reap the stopped children whose pidfd is in `ready` (dead, unless `wait`)."""
+def _reap_dead(ready: list[int]) -> None:
+    """Reap the stopped children whose pidfd is in `ready`: at once if dead, as `select` says
+    they are in `_requests`; after the end of their teardown if not."""
     for pid, pidfd in list(_stopped.items()):
         if pidfd in ready:
             os.waitpid(pid, 0)
