@@ -404,7 +404,7 @@ def test_a_timeout_fails_the_whole_grade_op(
     check_benign(sandbox)
 
 
-POISON_SOURCE = """
+WRITER_SOURCE = """
 import marshal
 import os
 import random
@@ -414,11 +414,11 @@ from shared.environment import Environment
 FORGED = marshal.dumps(compile("raise SystemExit('forged')", "environment.py", "exec")).hex()
 
 
-class Poison(Environment):
-    \"\"\"Its scorer writes a code line of its own to every descriptor it has.\"\"\"
+class Writer(Environment):
+    \"\"\"Its scorer writes a line of its own on every descriptor it has.\"\"\"
 
-    name = "poison"
-    description = "Try to plant compiled code in the server's cache."
+    name = "NAME"
+    description = "Write a line of its own where its results go."
 
     def sample(self, rng: random.Random, difficulty: int) -> dict:
         return {"n": rng.randint(1, 9)}
@@ -430,14 +430,23 @@ class Poison(Environment):
         return "Repeat the number."
 
     def score(self, instance: dict, reference: int, answer: str) -> float:
-        line = ('{"code":"%s"}\\n' % FORGED).encode()
-        for fd in range(256):
+        line = LINE
+        for fd in range(3, 256):
             try:
                 os.write(fd, line)
             except OSError:
                 pass
         return 1.0
 """
+
+
+def writer_source(name: str, line: str) -> str:
+    """An environment named `name` whose scorer writes the bytes of the expression `line`."""
+    return WRITER_SOURCE.replace("NAME", name).replace("LINE", line)
+
+
+POISON_SOURCE = writer_source("poison", """('{"code":"%s"}\\n' % FORGED).encode()""")
+"""Writes a code line: compiled code of its own, as if for the server's cache."""
 
 
 def test_a_child_cannot_plant_code_in_the_server_cache(sandbox: Sandbox) -> None:
@@ -456,38 +465,11 @@ def test_a_child_cannot_plant_code_in_the_server_cache(sandbox: Sandbox) -> None
         assert made.ok and made.value["prompt"] == "Repeat the number.", made
 
 
-GARBLE_SOURCE = """
-import os
-import random
-
-from shared.environment import Environment
-
-
-class Garble(Environment):
-    \"\"\"Its scorer writes, on every descriptor it has, a line that begins as the result of
-    op 0 does and then nests deeper than any JSON reader goes.\"\"\"
-
-    name = "garble"
-    description = "Write a malformed result line."
-
-    def sample(self, rng: random.Random, difficulty: int) -> dict:
-        return {"n": rng.randint(1, 9)}
-
-    def solve(self, instance: dict) -> int:
-        return instance["n"]
-
-    def render(self, instance: dict) -> str:
-        return "Repeat the number."
-
-    def score(self, instance: dict, reference: int, answer: str) -> float:
-        line = ('{"i":0,"ok":true,"value":' + "[" * 100_000 + "\\n").encode()
-        for fd in range(3, 256):
-            try:
-                os.write(fd, line)
-            except OSError:
-                pass
-        return 1.0
-"""
+GARBLE_SOURCE = writer_source(
+    "garble", """('{"i":0,"ok":true,"value":' + "[" * 100_000 + "\\n").encode()"""
+)
+"""Writes a line that begins as the result of op 0 does, then nests deeper than any JSON
+reader goes."""
 
 
 def test_a_malformed_result_line_fails_its_op_only(sandbox: Sandbox) -> None:
