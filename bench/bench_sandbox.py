@@ -1,6 +1,6 @@
 """What grading through the confined sandbox costs, beside two baselines, in one run.
 
-    python bench/bench_sandbox.py [--env seeds/sort_words.py] [--answers 1024] [--rounds 5]
+    python bench/bench_sandbox.py [--env seeds/sort_words.py] [--answers 1024] [--rounds 9]
 
 Grades groups of 1, 8, 64 and 512 answers to one instance of a seed environment the way
 `grade.grade_group` does (regenerate the instance from its seed once, then score every answer),
