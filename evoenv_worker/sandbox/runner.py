@@ -112,23 +112,25 @@ def main() -> None:
         status = confine.status()
     else:
         status = {"isolated": False}
-    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    # A request's lines go out together, with its done line (`_done`): the host reads none of
+    # them before that one, and one write wakes it once.
+    out = os.fdopen(os.dup(1), "wb", buffering=1 << 20)
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     _quiet.append(open(1, "w", closefd=False))  # noqa: SIM115 - lives as long as the server
     _rehearsal.append(marshal.dumps(compile(REHEARSAL, "rehearsal.py", "exec")))
     spares = Spares(confined)
     spares.start_next()
-    _emit(out, {"ready": True, "python": sys.version.split()[0], "confinement": status})
+    _done(out, {"ready": True, "python": sys.version.split()[0], "confinement": status})
     for line in _requests(sys.stdin.fileno()):
         try:
             request = json.loads(line)
             ops = request["ops"]
             source = request["source"]
         except (ValueError, KeyError, TypeError) as exc:
-            _emit(out, {"done": True, "error": f"malformed request: {exc}"})
+            _done(out, {"done": True, "error": f"malformed request: {exc}"})
             continue
         serve_request(out, request, source, ops, spares)
-        _emit(out, {"done": True})
+        _done(out, {"done": True})
 
 
 def _requests(fd: int) -> Iterator[bytes]:
@@ -150,6 +152,12 @@ def _requests(fd: int) -> Iterator[bytes]:
 
 def _emit(out: Any, message: dict[str, Any]) -> None:
     out.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+
+
+def _done(out: Any, message: dict[str, Any]) -> None:
+    """Write the last line of a reply and send the whole reply."""
+    _emit(out, message)
+    out.flush()
 
 
 # --------------------------------------------------------------------------- the server side
