@@ -8,7 +8,10 @@ back as a failed `OpResult`, never as an exception; exceptions (`SandboxUnavaila
 `SandboxFailure`) mean the sandbox itself could not do its job.
 
 What the host does not trust: anything the server writes. Replies are size-capped, parsed and
-checked against the expected shape and order; anything else ends the server.
+checked against the expected shape and order. The server checks only how an op's result line
+begins (`{"i":N,"ok":`) and relays the rest, the environment's process's own text, unparsed: a
+line that begins so but is not that op's result as one JSON object fails that op ("output").
+Anything else ends the server.
 """
 
 from __future__ import annotations
