@@ -29,6 +29,7 @@ from typing import Any
 import structlog
 
 from evoenv_worker.sandbox.launch import server_command
+from evoenv_worker.sandbox.runner import RESULT_PREFIX
 from shared.config import SandboxSettings
 from shared.errors import SandboxFailure, SandboxUnavailable
 
@@ -162,7 +163,7 @@ class Sandbox:
         results: list[OpResult] = []
         while True:
             line = self._read_line(deadline)
-            if line.startswith(b'{"i":%d,"ok":' % len(results)):
+            if line.startswith(RESULT_PREFIX % len(results)):
                 # The server checked only this beginning: the rest is the environment's.
                 results.append(_to_result(_parse_result(line, len(results))))
                 continue

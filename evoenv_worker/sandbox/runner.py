@@ -72,6 +72,8 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
+RESULT_PREFIX = b'{"i":%d,"ok":'
+"""How a child's result line for op N begins: all the server checks of it (`_relay`)."""
 SPARES = 4
 """Children forked in a row (see `Spares`)."""
 MAX_FAILURES_PER_REQUEST = 3
@@ -341,7 +343,7 @@ def _relay(
                 _store_code(cache_key, line)
                 cache_key = None
                 continue
-            prefix = b'{"i":%d,"ok":' % index
+            prefix = RESULT_PREFIX % index
             if not line.startswith(prefix):
                 _stop(pid)
                 return finished, _fail(index, "output", "", "the child wrote a malformed result")
