@@ -17,6 +17,7 @@ Anything else ends the server.
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import select
 import signal
@@ -29,7 +30,7 @@ from typing import Any
 import structlog
 
 from evoenv_worker.sandbox.launch import server_command
-from evoenv_worker.sandbox.runner import RESULT_PREFIX
+from evoenv_worker.sandbox.runner import REQUEST_HEADER_BYTES, RESULT_PREFIX
 from shared.config import SandboxSettings
 from shared.errors import SandboxFailure, SandboxUnavailable
 
@@ -136,12 +137,12 @@ class Sandbox:
             "memory_mb": self.settings.memory_mb,
             "output_bytes": self.settings.output_bytes,
         }
-        request = json.dumps({"source": source, "filename": filename, "ops": ops, "limits": limits})
+        request = _frame({"source": source, "filename": filename, "ops": ops, "limits": limits})
         with self._lock:
             for attempt in (1, 2):
                 self.start()
                 try:
-                    return self._exchange(request.encode() + b"\n", len(ops), limits["op_seconds"])
+                    return self._exchange(request, len(ops), limits["op_seconds"])
                 except SandboxFailure as exc:
                     self._kill()
                     self.restarts += 1
@@ -212,6 +213,21 @@ class Sandbox:
         for stream in (proc.stdin, proc.stdout):
             if stream is not None:
                 stream.close()
+
+
+def _frame(request: dict[str, Any]) -> bytes:
+    """A request as the server reads it (`runner._requests`): its length, then marshal.
+
+    The host is the one party the server trusts, and marshal writes and reads a request several
+    times faster than JSON (a group of 512 answers: 6 us against 90 to write, 13 against 47 to
+    read). Ops hold JSON values only (dicts with str keys, lists, str, int, float, bool, None),
+    as the environment's routines are promised: marshal would also carry a tuple or an int key
+    as it is, where JSON would have made a list or a str of it."""
+    try:
+        payload = marshal.dumps(request)
+    except ValueError as exc:  # an object marshal cannot write, or nested too deep
+        raise TypeError(f"sandbox ops must hold JSON values only: {exc}") from None
+    return len(payload).to_bytes(REQUEST_HEADER_BYTES, "little") + payload
 
 
 def _parse(line: bytes) -> Any:

@@ -1,9 +1,9 @@
 """The fork server that runs inside the sandbox. Standard library only.
 
 Started by `host.Sandbox` as `python -I -S -B runner.py ROOT [--confine]`, where ROOT holds the
-`shared` package. It reads one JSON request per line on stdin and hands each to a child
-forked and started before the request came (`Spares`: forked a few at a time; when its turn
-comes, a child confines itself, `confine.confine_child`, sets rlimits and rehearses with an
+`shared` package. It reads requests on stdin (marshal, from the host, the one party it trusts:
+`_requests`) and hands each to a child forked and started before the request came (`Spares`:
+forked a few at a time; when its turn comes, a child confines itself, `confine.confine_child`, sets rlimits and rehearses with an
 environment of ours, `_rehearse`), which takes its work over a pipe, sets the request's own
 limits, loads the environment source and runs the request's operations in order, writing one
 JSON line per operation to a private pipe. While it works the server starts the next child
@@ -74,6 +74,8 @@ from typing import Any
 
 RESULT_PREFIX = b'{"i":%d,"ok":'
 """How a child's result line for op N begins: all the server checks of it (`_relay`)."""
+REQUEST_HEADER_BYTES = 4
+"""The length that comes before each request (`_requests`)."""
 SPARES = 4
 """Children forked in a row (see `Spares`)."""
 MAX_FAILURES_PER_REQUEST = 3
@@ -123,12 +125,14 @@ def main() -> None:
     spares = Spares(confined)
     spares.start_next()
     _done(out, {"ready": True, "python": sys.version.split()[0], "confinement": status})
-    for line in _requests(sys.stdin.fileno()):
+    for frame in _requests(sys.stdin.fileno()):
         try:
-            request = json.loads(line)
+            request = marshal.loads(frame)
             ops = request["ops"]
             source = request["source"]
-        except (ValueError, KeyError, TypeError) as exc:
+            if not isinstance(ops, list):
+                raise TypeError("ops is not a list")
+        except (ValueError, EOFError, KeyError, TypeError) as exc:
             _done(out, {"done": True, "error": f"malformed request: {exc}"})
             continue
         serve_request(out, request, source, ops, spares)
@@ -136,20 +140,25 @@ def main() -> None:
 
 
 def _requests(fd: int) -> Iterator[bytes]:
-    """The host's requests, one line each. While it waits for the next, the server reaps the
-    children it stopped (`_stop`) as each finishes dying."""
-    buffer = b""
+    """The host's requests: each a little-endian length of `REQUEST_HEADER_BYTES` bytes, then
+    that many bytes of marshal (`host._frame`). While it waits for the next, the server reaps
+    the children it stopped (`_stop`) as each finishes dying."""
+    buffer = bytearray()
     while True:
-        while (end := buffer.find(b"\n")) < 0:
+        while True:
+            if len(buffer) >= REQUEST_HEADER_BYTES:
+                end = REQUEST_HEADER_BYTES + int.from_bytes(buffer[:REQUEST_HEADER_BYTES], "little")
+                if len(buffer) >= end:
+                    break
             ready, _, _ = select.select([fd, *_stopped.values()], [], [])
             _reap_dead(ready)
             if fd in ready:
-                chunk = os.read(fd, 1 << 16)
+                chunk = os.read(fd, 1 << 20)
                 if not chunk:
                     return
                 buffer += chunk
-        yield buffer[:end]
-        buffer = buffer[end + 1 :]
+        yield bytes(buffer[REQUEST_HEADER_BYTES:end])
+        del buffer[:end]
 
 
 def _emit(out: Any, message: dict[str, Any]) -> None:
@@ -247,8 +256,8 @@ def serve_request(
         batch = [(i, _resolve(ops[i], done)) for i in pending]
         key = (filename, source) if isinstance(filename, str) and isinstance(source, str) else None
         code = _cached_code(key)
-        # All of it came from JSON (the request, or results the server parsed), nested no
-        # deeper than json.loads allows, well within marshal's depth.
+        # All of it came from marshal (the request) or JSON (results the server parsed),
+        # within marshal's depth.
         work = marshal.dumps((source, filename, batch, limits, code, key is not None))
         started = time.monotonic()
         pid, work_fd, read_fd = spares.take()

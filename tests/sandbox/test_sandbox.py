@@ -370,6 +370,24 @@ def test_the_grade_op_matches_the_seed_run_in_process(sandbox: Sandbox) -> None:
     assert result.value["answer_text"] == right
 
 
+def test_a_request_of_megabytes_arrives_whole(sandbox: Sandbox) -> None:
+    """A request far larger than a pipe's buffer reaches the server in many reads, whole."""
+    right, _ = right_answer(sandbox, 3, 2)
+    answers: list[object] = [right, "x" * 5000] * 400  # some 2 MB
+    [result] = sandbox.run(GRADE_SOURCE, [grade(3, 2, answers)], op_seconds=30.0)
+    assert result.ok, result
+    assert rewards(result.value) == [1.0, 0.0] * 400
+
+
+def test_a_request_that_is_not_json_values_is_refused_before_it_is_sent(
+    sandbox: Sandbox,
+) -> None:
+    with pytest.raises(TypeError, match="JSON values only"):
+        sandbox.run(GRADE_SOURCE, [grade(3, 2, [object()])])
+    [result] = sandbox.run(GRADE_SOURCE, [grade(3, 2, ["0"])])
+    assert result.ok and rewards(result.value) == [0.0]
+
+
 def test_a_failing_answer_fails_alone(sandbox: Sandbox) -> None:
     right, _ = right_answer(sandbox, 4, 2)
     [result] = sandbox.run(GRADE_SOURCE, [grade(4, 2, ["raise", right, "big", 7, right])])
