@@ -3,18 +3,19 @@
 Started by `host.Sandbox` as `python -I -S -B runner.py ROOT [--confine]`, where ROOT holds the
 `shared` package. It reads requests on stdin (marshal, from the host, the one party it trusts:
 `_requests`) and hands each to a child forked and started before the request came (`Spares`:
-forked a few at a time; when its turn comes, a child confines itself, `confine.confine_child`, sets rlimits and rehearses with an
-environment of ours, `_rehearse`), which takes its work over a pipe, sets the request's own
-limits, loads the environment source and runs the request's operations in order, writing one
-JSON line per operation to a private pipe. While it works the server starts the next child
-(forking more when none is left). The server checks that each line begins as the child writes
-it, `{"i":N,"ok":` with the expected N, and relays it to stdout as it is, without parsing it
-(the host parses every line and takes one that is not such a JSON object as that operation's
-failure); it enforces the per-operation time limit and the output cap, and takes a fresh child
-for the remaining operations when one dies, overruns or writes anything else. It ends every
-request with a `{"done": true}` line once every child of the request is dead or SIGKILLed (it
-can run nothing more), and reaps the killed ones as they finish dying, while it waits for the
-next request or serves it: tearing down a child takes about a millisecond.
+forked a few at a time; when its turn comes, a child confines itself, `confine.confine_child`,
+sets rlimits and rehearses with an environment of ours, `_rehearse`), which takes its work over
+a pipe, sets the request's own limits, loads the environment source and runs the request's
+operations in order, writing one JSON line per operation to a private pipe. While it works
+the server starts the next child (forking more when none is left). The server checks that each
+line begins as the child writes it, `{"i":N,"ok":` with the expected N, and relays it to stdout
+as it is, without parsing it (the host parses every line and takes one that is not such a JSON
+object as that operation's failure); it enforces the per-operation time limit and the output
+cap, and takes a fresh child for the remaining operations when one dies, overruns or writes
+anything else. It ends every request with a `{"done": true}` line once every child of the
+request is dead or SIGKILLed (it can run nothing more), and reaps the killed ones as they
+finish dying, while it waits for the next request or serves it: tearing down a child takes
+about a millisecond.
 
 The server itself never runs environment code. A child can only forge the results of its own
 request (it is the code being judged, so that gives it nothing its routines could not do);
