@@ -124,6 +124,9 @@ class Sandbox:
     ) -> list[OpResult]:
         """Run `ops` on the environment in `source`; one result per op, in order.
 
+        Ops hold JSON values only (see `_frame`); anything marshal cannot write is a TypeError
+        before the request is sent.
+
         `op_seconds` (default: the settings' `op_seconds`) is the wall-clock limit of each op of
         this request, the CPU limit is that times the number of ops, and the host waits for the
         whole request that long plus a little. Pass a longer one for ops that do the work of
