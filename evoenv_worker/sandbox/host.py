@@ -1,17 +1,21 @@
-"""The host side of the sandbox: start the fork server, send requests, read untrusted replies.
+"""The host side of the sandbox: start the fork server, run requests in its children, read
+their untrusted results.
 
-One `Sandbox` is one long-lived fork server (see `runner.py`), started confined (see
-`launch.py`) and restarted when it dies. `Sandbox.run` sends a batch of operations on one
-environment source and returns one `OpResult` per operation. Every failure of environment code
-(a raise, a timeout, running out of memory, a crash, an oversized or malformed result) comes
-back as a failed `OpResult`, never as an exception; exceptions (`SandboxUnavailable`,
-`SandboxFailure`) mean the sandbox itself could not do its job.
+One `Sandbox` is one long-lived fork server (see `runner.py` for the protocol), started
+confined (see `launch.py`) and restarted when it dies. The server only manages processes: it
+hands the host started children, each with its two pipes, and kills and reaps them when told.
+`Sandbox.run` writes a request's work straight to a child and reads its results straight from
+it, and returns one `OpResult` per operation. Every failure of environment code (a raise, a
+timeout, running out of memory, a crash, an oversized or malformed result) comes back as a
+failed `OpResult`, never as an exception; exceptions (`SandboxUnavailable`, `SandboxFailure`)
+mean the sandbox itself could not do its job.
 
-What the host does not trust: anything the server writes. Replies are size-capped, parsed and
-checked against the expected shape and order. The server checks only how an op's result line
-begins (`{"i":N,"ok":`) and relays the rest, the environment's process's own text, unparsed: a
-line that begins so but is not that op's result as one JSON object fails that op ("output").
-Anything else ends the server.
+What the host does not trust: anything a child or the server writes. A child's result lines
+are size-capped, must begin as the expected op's result does (`{"i":N,"ok":`), and are parsed
+and checked: a line that begins so but is not that op's result as one JSON object fails that
+op ("output"); anything else fails the op and ends that child, and the rest of the request
+runs in a fresh one. A message from the server that is not what the protocol says ends the
+server.
 """
 
 from __future__ import annotations
@@ -21,16 +25,23 @@ import marshal
 import os
 import select
 import signal
+import socket
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 
 from evoenv_worker.sandbox.launch import server_command
-from evoenv_worker.sandbox.runner import REQUEST_HEADER_BYTES, RESULT_PREFIX
+from evoenv_worker.sandbox.runner import (
+    CODE_CACHE_BYTES,
+    CODE_CACHE_ENTRIES,
+    MAX_FAILURES_PER_REQUEST,
+    MESSAGE_BYTES,
+    RESULT_PREFIX,
+)
 from shared.config import SandboxSettings
 from shared.errors import SandboxFailure, SandboxUnavailable
 
@@ -63,7 +74,9 @@ class Sandbox:
         self.settings = settings
         self.hash_seed = hash_seed
         self._proc: subprocess.Popen[bytes] | None = None
-        self._buffer = b""
+        self._control: socket.socket | None = None
+        self._offered: list[_Child] = []
+        self._code: dict[tuple[str, str], bytes] = {}
         self._lock = threading.Lock()
         self.isolated = True
         self.confinement: dict[str, Any] = {}
@@ -80,24 +93,28 @@ class Sandbox:
         """Start the fork server unless it is running; raise `SandboxUnavailable` if it cannot."""
         if self._proc is not None and self._proc.poll() is None:
             return
-        self._kill()  # a server that died between calls: reap it and close its pipes
+        self._kill()  # a server that died between calls: reap it and close what it gave us
         argv, env, self.isolated = server_command(self.settings, hash_seed=self.hash_seed)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._proc = subprocess.Popen(
                 argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
+                stdin=theirs.fileno(),
+                stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,
                 close_fds=True,
             )
         except OSError as exc:
+            ours.close()
             raise SandboxUnavailable(f"cannot start the sandbox ({argv[0]}): {exc}") from exc
-        self._buffer = b""
+        finally:
+            theirs.close()
+        self._control = ours
         deadline = time.monotonic() + self.settings.start_seconds
         try:
-            hello = self._read_message(deadline)
+            hello = self._receive(deadline)
         except SandboxFailure as exc:
             self._kill()
             raise SandboxUnavailable(f"the sandbox did not start: {exc}") from exc
@@ -124,14 +141,14 @@ class Sandbox:
     ) -> list[OpResult]:
         """Run `ops` on the environment in `source`; one result per op, in order.
 
-        Ops hold JSON values only (see `_frame`); anything marshal cannot write is a TypeError
-        before the request is sent.
+        Ops hold JSON values only (see `_work`); anything marshal cannot write is a TypeError
+        before anything is sent.
 
         `op_seconds` (default: the settings' `op_seconds`) is the wall-clock limit of each op of
-        this request, the CPU limit is that times the number of ops, and the host waits for the
-        whole request that long plus a little. Pass a longer one for ops that do the work of
-        many, such as a `grade` op scoring a group of answers (`grade.grade_op_seconds`): the
-        limit applies to the whole op, and an op that overruns it fails as a whole.
+        this request, and the CPU limit is that times the number of ops. Pass a longer one for
+        ops that do the work of many, such as a `grade` op scoring a group of answers
+        (`grade.grade_op_seconds`): the limit applies to the whole op, and an op that overruns
+        it fails as a whole.
         """
         if not ops:
             return []
@@ -140,12 +157,11 @@ class Sandbox:
             "memory_mb": self.settings.memory_mb,
             "output_bytes": self.settings.output_bytes,
         }
-        request = _frame({"source": source, "filename": filename, "ops": ops, "limits": limits})
         with self._lock:
             for attempt in (1, 2):
                 self.start()
                 try:
-                    return self._exchange(request, len(ops), limits["op_seconds"])
+                    return self._serve(source, filename, ops, limits)
                 except SandboxFailure as exc:
                     self._kill()
                     self.restarts += 1
@@ -156,55 +172,218 @@ class Sandbox:
 
     # ----------------------------------------------------------------------------- internals
 
-    def _exchange(self, request: bytes, n_ops: int, op_seconds: float) -> list[OpResult]:
-        assert self._proc is not None and self._proc.stdin is not None
-        deadline = time.monotonic() + n_ops * op_seconds + _SLACK_SECONDS
+    def _serve(
+        self, source: str, filename: str, ops: list[dict[str, Any]], limits: dict[str, Any]
+    ) -> list[OpResult]:
+        """Run the ops in children: all in one, unless one fails by dying, overrunning or
+        writing what it should not; then the rest in a fresh one, up to
+        `MAX_FAILURES_PER_REQUEST` children."""
+        results: list[dict[str, Any] | None] = [None] * len(ops)
+        pending = list(range(len(ops)))
+        failures = 0
+        key = (filename, source)
+        while pending:
+            if failures >= MAX_FAILURES_PER_REQUEST:
+                error = f"skipped after {failures} failed calls in this request"
+                for index in pending:
+                    results[index] = _fail("skipped", error)
+                break
+            batch = [(index, _resolve(ops[index], results)) for index in pending]
+            code = self._code.pop(key, None)
+            if code is not None:
+                self._code[key] = code  # now the most recently used
+            work = _work(source, filename, batch, limits, code)
+            started = time.monotonic()
+            child = self._hand_over(work)
+            finished, failure = self._collect(
+                child, pending, results, limits, key if code is None else None, started
+            )
+            pending = pending[finished:]
+            if failure is not None:
+                failures += 1
+                results[pending[0]] = failure
+                pending = pending[1:]
+        done = [_to_result(result) for result in results if result is not None]
+        if len(done) != len(ops):
+            raise SandboxFailure(f"{len(done)} results for {len(ops)} operations")
+        return done
+
+    def _hand_over(self, work: bytes) -> _Child:
+        """Write `work` to the started child the server gave us; a fresh one if it is gone."""
+        for attempt in (1, 2):
+            child = self._take()
+            try:
+                # If the second is gone too, `_collect` sees it die.
+                if self._write_work(child, work) or attempt == 2:
+                    return child
+                self._tell("stop", child.pid)
+            except BaseException:
+                os.close(child.results)
+                raise
+            os.close(child.results)
+        raise AssertionError("unreachable")
+
+    def _take(self) -> _Child:
+        deadline = time.monotonic() + _SLACK_SECONDS
+        while not self._offered:
+            message = self._receive(deadline)
+            if message is not None:
+                raise SandboxFailure(f"unexpected message from the fork server: {message!r:.200}")
+        return self._offered.pop(0)
+
+    def _write_work(self, child: _Child, work: bytes) -> bool:
+        """Write the work and close the pipe (the child reads to its end); then tell the server,
+        which starts the next child while this one works. False if the child is gone."""
         try:
-            self._proc.stdin.write(request)
-            self._proc.stdin.flush()
-        except (BrokenPipeError, OSError) as exc:
+            view = memoryview(work)
+            while view:
+                view = view[os.write(child.work, view) :]
+        except BrokenPipeError:
+            return False
+        finally:
+            os.close(child.work)
+            self._tell("took", child.pid)
+        return True
+
+    def _collect(
+        self,
+        child: _Child,
+        pending: list[int],
+        results: list[dict[str, Any] | None],
+        limits: dict[str, Any],
+        cache_key: tuple[str, str] | None,
+        started: float,
+    ) -> tuple[int, dict[str, Any] | None]:
+        """Read the child's result lines into `results`; return how many of `pending` finished
+        and the failure of the next, if any. The first op's time counts from `started`.
+
+        With `cache_key`, the child's first line is its compiled module (`runner._send_code`).
+        A result line must begin as the expected op's does (`RESULT_PREFIX`); one that does but
+        is not that op's result as one JSON object fails that op alone (`_parse_result`)."""
+        op_seconds, cap = limits["op_seconds"], limits["output_bytes"]
+        fd = child.results
+        buffer = b""
+        finished = 0
+        deadline = started + op_seconds
+        reaped = False
+        try:
+            while finished < len(pending):
+                ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0))
+                if not ready:
+                    return finished, _fail("timeout", f"no result within {op_seconds:g} s")
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:  # dead, or it closed its pipe and lives on
+                    reaped = True
+                    return finished, self._reap(child.pid)
+                buffer += chunk
+                while b"\n" in buffer and finished < len(pending):
+                    line, buffer = buffer.split(b"\n", 1)
+                    if cache_key is not None:
+                        self._store_code(cache_key, line)
+                        cache_key = None
+                        continue
+                    index = pending[finished]
+                    if not line.startswith(RESULT_PREFIX % index):
+                        return finished, _fail("output", "the child wrote a malformed result")
+                    results[index] = _parse_result(line, index)
+                    finished += 1
+                    deadline = time.monotonic() + op_seconds
+                if len(buffer) > cap:
+                    return finished, _fail("output", f"result larger than {cap} bytes")
+            return finished, None
+        finally:
+            os.close(fd)
+            if not reaped:  # it overran, wrote what it should not, or is done: it must not
+                self._tell("stop", child.pid, quiet=True)  # outlive the request
+
+    def _store_code(self, key: tuple[str, str], line: bytes) -> None:
+        """Keep the compiled module a child sent, as bytes: only children unmarshal it."""
+        try:
+            code = bytes.fromhex(json.loads(line)["code"])
+        except (ValueError, KeyError, TypeError):
+            return  # {"code": null}: nothing to keep
+        if len(code) > CODE_CACHE_BYTES:
+            return
+        self._code.pop(key, None)
+        self._code[key] = code
+        while len(self._code) > CODE_CACHE_ENTRIES:
+            del self._code[next(iter(self._code))]
+
+    def _reap(self, pid: int) -> dict[str, Any]:
+        """Have the server kill and reap a child whose pipe closed; its death as a failure."""
+        self._tell("reap", pid)
+        deadline = time.monotonic() + _SLACK_SECONDS
+        message = None
+        while message is None:
+            message = self._receive(deadline)
+        if (
+            isinstance(message, list)
+            and len(message) == 4
+            and message[:2] == ["status", pid]
+            and message[2] in ("crash", "timeout")
+            and isinstance(message[3], str)
+        ):
+            return _fail(message[2], message[3][:2000])
+        raise SandboxFailure(f"unexpected message from the fork server: {message!r:.200}")
+
+    def _tell(self, what: str, pid: int, *, quiet: bool = False) -> None:
+        """Send the server a message; `quiet`: if it is gone, the next message will say so."""
+        assert self._control is not None
+        try:
+            self._control.send(marshal.dumps((what, pid)))
+        except OSError as exc:
+            if not quiet:
+                raise SandboxFailure(f"the fork server is gone: {exc}") from exc
+
+    def _receive(self, deadline: float) -> Any:
+        """The server's next message; None when it was a child handed to us (kept in
+        `_offered`)."""
+        control = self._control
+        assert control is not None
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([control], [], [], remaining)[0]:
+            raise SandboxFailure("no message from the fork server before the deadline")
+        try:
+            data, fds, _, _ = socket.recv_fds(control, MESSAGE_BYTES, 2 + 1)
+        except OSError as exc:
             raise SandboxFailure(f"the fork server is gone: {exc}") from exc
-        results: list[OpResult] = []
-        while True:
-            line = self._read_line(deadline)
-            if line.startswith(RESULT_PREFIX % len(results)):
-                # The server checked only this beginning: the rest is the environment's.
-                results.append(_to_result(_parse_result(line, len(results))))
-                continue
-            message = _parse(line)
-            if not isinstance(message, dict) or message.get("done") is not True:
-                raise SandboxFailure("reply out of order")
-            break
-        if len(results) != n_ops:
-            raise SandboxFailure(f"{len(results)} replies for {n_ops} operations")
-        return results
+        for fd in fds:
+            os.set_inheritable(fd, False)
+        try:
+            if not data:
+                raise SandboxFailure(f"the fork server exited ({self._proc_status()})")
+            message = _parse(data)
+        except SandboxFailure:
+            for fd in fds:
+                os.close(fd)
+            raise
+        if (
+            isinstance(message, list)
+            and len(message) == 2
+            and message[0] == "child"
+            and type(message[1]) is int
+            and len(fds) == 2
+        ):
+            self._offered.append(_Child(message[1], fds[0], fds[1]))
+            return None
+        for fd in fds:
+            os.close(fd)
+        if fds or message is None:
+            raise SandboxFailure(f"unexpected message from the fork server: {message!r:.200}")
+        return message
 
-    def _read_message(self, deadline: float) -> Any:
-        """The next line of the server, parsed."""
-        return _parse(self._read_line(deadline))
-
-    def _read_line(self, deadline: float) -> bytes:
-        assert self._proc is not None and self._proc.stdout is not None
-        fd = self._proc.stdout.fileno()
-        cap = self.settings.output_bytes + (64 << 10)
-        while b"\n" not in self._buffer:
-            if len(self._buffer) > cap:
-                raise SandboxFailure(f"reply larger than {cap} bytes")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise SandboxFailure("no reply before the deadline")
-            ready, _, _ = select.select([fd], [], [], remaining)
-            if not ready:
-                continue
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                raise SandboxFailure(f"the fork server exited ({self._proc.poll()})")
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return line
+    def _proc_status(self) -> int | None:
+        return self._proc.poll() if self._proc is not None else None
 
     def _kill(self) -> None:
         proc, self._proc = self._proc, None
+        control, self._control = self._control, None
+        offered, self._offered = self._offered, []
+        for child in offered:
+            os.close(child.work)
+            os.close(child.results)
+        if control is not None:
+            control.close()
         if proc is None:
             return
         if proc.poll() is None:
@@ -213,31 +392,69 @@ class Sandbox:
             except ProcessLookupError:
                 pass
         proc.wait()
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                stream.close()
 
 
-def _frame(request: dict[str, Any]) -> bytes:
-    """A request as the server reads it (`runner._requests`): its length, then marshal.
+class _Child(NamedTuple):
+    """A started child the server handed us: its pid there and our ends of its pipes."""
 
-    The host is the one party the server trusts, and marshal writes and reads a request several
-    times faster than JSON (a group of 512 answers: 6 us against 90 to write, 13 against 47 to
-    read). Ops hold JSON values only (dicts with str keys, lists, str, int, float, bool, None),
-    as the environment's routines are promised: marshal would also carry a tuple or an int key
-    as it is, where JSON would have made a list or a str of it."""
+    pid: int
+    work: int
+    results: int
+
+
+def _work(
+    source: str,
+    filename: str,
+    batch: list[tuple[int, Any]],
+    limits: dict[str, Any],
+    code: bytes | None,
+) -> bytes:
+    """A child's work as it reads it (`runner._child`): marshal, read to the end of the pipe.
+
+    The host is the one party a child trusts before environment code runs in it, and marshal
+    writes and reads a request several times faster than JSON (a group of 512 answers: 6 us
+    against 90 to write, 13 against 47 to read). Ops hold JSON values only (dicts with str keys,
+    lists, str, int, float, bool, None), as the environment's routines are promised: marshal
+    would also carry a tuple or an int key as it is, where JSON would have made a list or a str
+    of it."""
     try:
-        payload = marshal.dumps(request)
+        return marshal.dumps((source, filename, batch, limits, code, True))
     except ValueError as exc:  # an object marshal cannot write, or nested too deep
         raise TypeError(f"sandbox ops must hold JSON values only: {exc}") from None
-    return len(payload).to_bytes(REQUEST_HEADER_BYTES, "little") + payload
+
+
+def _resolve(op: Any, results: list[dict[str, Any] | None]) -> Any:
+    """Give a score op the instance of its source op when that ran in an earlier child."""
+    source = op.get("from") if isinstance(op, dict) and op.get("op") == "score" else None
+    if not isinstance(source, int) or not 0 <= source < len(results):
+        return op
+    done = results[source]
+    if done is None or done.get("ok") is not True:
+        return op  # not run yet, or failed: the child says so ("dependency")
+    value = done.get("value")
+    if not isinstance(value, dict):
+        value = {}
+    answer = op.get("answer")
+    if answer is None and isinstance(value.get("answer_text"), str):
+        answer = value["answer_text"].strip()
+    return {
+        "op": "score",
+        "answer": answer,
+        "from": None,
+        "instance": value.get("instance"),
+        "reference": value.get("reference"),
+    }
+
+
+def _fail(kind: str, error: str) -> dict[str, Any]:
+    return {"ok": False, "kind": kind, "routine": "", "error": error}
 
 
 def _parse(line: bytes) -> Any:
     try:
         return json.loads(line)
     except (ValueError, RecursionError) as exc:
-        raise SandboxFailure("reply is not JSON") from exc
+        raise SandboxFailure("a message from the fork server is not JSON") from exc
 
 
 def _parse_result(line: bytes, index: int) -> dict[str, Any]:

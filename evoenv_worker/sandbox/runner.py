@@ -1,27 +1,37 @@
-"""The fork server that runs inside the sandbox. Standard library only.
+"""The fork server that runs inside the sandbox, and its children. Standard library only.
 
 Started by `host.Sandbox` as `python -I -S -B runner.py ROOT [--confine]`, where ROOT holds the
-`shared` package. It reads requests on stdin (marshal, from the host, the one party it trusts:
-`_requests`) and hands each to a child forked and started before the request came (`Spares`:
-forked a few at a time; when its turn comes, a child confines itself, `confine.confine_child`,
-sets rlimits and rehearses with an environment of ours, `_rehearse`), which takes its work over
-a pipe, sets the request's own limits, loads the environment source and runs the request's
-operations in order, writing one JSON line per operation to a private pipe. While it works
-the server starts the next child (forking more when none is left). The server checks that each
-line begins as the child writes it, `{"i":N,"ok":` with the expected N, and relays it to stdout
-as it is, without parsing it (the host parses every line and takes one that is not such a JSON
-object as that operation's failure); it enforces the per-operation time limit and the output
-cap, and takes a fresh child for the remaining operations when one dies, overruns or writes
-anything else. It ends every request with a `{"done": true}` line once every child of the
-request is dead or SIGKILLed (it can run nothing more), and reaps the killed ones as they
-finish dying, while it waits for the next request or serves it: tearing down a child takes
-about a millisecond.
+`shared` package, with its stdin one end of a control socket (AF_UNIX, SOCK_SEQPACKET) whose
+other end the host holds. The server manages processes and nothing else; the host talks to the
+children itself:
 
-The server itself never runs environment code. A child can only forge the results of its own
-request (it is the code being judged, so that gives it nothing its routines could not do);
-it cannot touch the server, later requests or the host. The one thing a child hands the server
-beyond its results, its compiled module for `_code_cache`, is written before any environment
-code runs in it and is never unmarshalled by the server.
+- The server forks children ahead of the requests (`Spares`: a few at a time). When its turn
+  comes, a child confines itself (`confine.confine_child`), sets rlimits and rehearses with an
+  environment of ours (`_rehearse`), then waits for its work on a pipe.
+- The server hands the host each started child, one at a time: its pid in a JSON message
+  `["child", pid]` carrying the write end of its work pipe and the read end of its result pipe
+  (SCM_RIGHTS), which the server then closes (`_offer`).
+- The host writes a request's work to that pipe as marshal and closes it (`host._work`); the
+  child reads it to the end, sets the request's own limits, loads the environment source and
+  runs the request's operations in order, writing one JSON line per operation to its result
+  pipe, which the host reads, parses and checks. The host enforces the per-operation time
+  limit and the output cap, and takes a fresh child for the remaining operations when one
+  dies, overruns or writes anything else.
+- The host tells the server, in marshal messages `(what, pid)`: "took" (it wrote a child's
+  work: the server starts the next child, forking more when none is left, while this one
+  works), "stop" (done with it, or it overran: SIGKILL it; the server reaps it once it has
+  finished dying, which takes about a millisecond, while it waits for the next message) and
+  "reap" (its pipe closed early: kill it, reap it, and answer `["status", pid, kind, error]`
+  with how it died).
+
+So a request's work and results go straight between the host and the child, and the server
+does its part (starting the next child, killing the last) beside them. The server itself never
+runs environment code and never reads what a child writes. A child can only forge the results
+of its own request (it is the code being judged, so that gives it nothing its routines could
+not do); it cannot touch the server, other children, later requests or the host. The one thing
+a child hands the host beyond its results, its compiled module for the host's code cache
+(`_send_code`), is written before any environment code runs in it, and only later children
+unmarshal it.
 
 Operations (each a dict with "op"):
 - describe: the class attributes of the environment.
@@ -67,16 +77,17 @@ import os
 import resource
 import select
 import signal
+import socket
 import sys
 import time
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 RESULT_PREFIX = b'{"i":%d,"ok":'
-"""How a child's result line for op N begins: all the server checks of it (`_relay`)."""
-REQUEST_HEADER_BYTES = 4
-"""The length that comes before each request (`_requests`)."""
+"""How a child's result line for op N begins (`host.Sandbox._collect` checks it)."""
+MESSAGE_BYTES = 1 << 16
+"""The largest control message either side reads (each is a few dozen bytes)."""
 SPARES = 4
 """Children forked in a row (see `Spares`)."""
 MAX_FAILURES_PER_REQUEST = 3
@@ -84,23 +95,18 @@ MAX_FAILURES_PER_REQUEST = 3
 CHILD_OPEN_FILES = 256
 """RLIMIT_NOFILE of a child: bounds the kernel memory its descriptors can hold."""
 CODE_CACHE_ENTRIES = 16
-"""Compiled environment modules the server keeps (see `_code_cache`)."""
+"""Compiled environment modules the host keeps (see `_send_code`)."""
 CODE_CACHE_BYTES = 256 << 10
-"""Largest compiled module (marshal bytes) the server keeps."""
+"""Largest compiled module (marshal bytes) the host keeps."""
 
-_code_cache: dict[tuple[str, str], bytes] = {}
-"""(filename, source) -> marshal bytes of `compile(source, filename, "exec")`, oldest first.
-
-Compiling is most of what loading an environment costs, so the first child of a request whose
-source is not here compiles it and sends the marshalled code object as its first line, before
-any environment code has run in it (so the bytes are a pure function of the source), and later
-children unmarshal it instead of compiling. The server only stores the bytes; it never
-unmarshals or runs them."""
 _rehearsal: list[bytes] = []
 """The compiled `REHEARSAL` module as marshal bytes, made once by the server (`_rehearse`)."""
 _quiet: list[Any] = []
 """The text stream a child's `sys.stdout` and `sys.stderr` become (writes to its fd 1, which is
 /dev/null), made once by the server: opening one in every child costs a quarter millisecond."""
+
+
+# --------------------------------------------------------------------------- the server side
 
 
 def main() -> None:
@@ -117,62 +123,69 @@ def main() -> None:
         status = confine.status()
     else:
         status = {"isolated": False}
-    # A request's lines go out together, with its done line (`_done`): the host reads none of
-    # them before that one, and one write wakes it once.
-    out = os.fdopen(os.dup(1), "wb", buffering=1 << 20)
-    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    control = socket.socket(fileno=os.dup(0))  # the control socket, which the host gave as stdin
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1):
+        os.dup2(devnull, fd)
+    os.close(devnull)
     _quiet.append(open(1, "w", closefd=False))  # noqa: SIM115 - lives as long as the server
     _rehearsal.append(marshal.dumps(compile(REHEARSAL, "rehearsal.py", "exec")))
     spares = Spares(confined)
-    spares.start_next()
-    _done(out, {"ready": True, "python": sys.version.split()[0], "confinement": status})
-    for frame in _requests(sys.stdin.fileno()):
-        try:
-            request = marshal.loads(frame)
-            ops = request["ops"]
-            source = request["source"]
-            if not isinstance(ops, list):
-                raise TypeError("ops is not a list")
-        except (ValueError, EOFError, KeyError, TypeError) as exc:
-            _done(out, {"done": True, "error": f"malformed request: {exc}"})
-            continue
-        serve_request(out, request, source, ops, spares)
-        _done(out, {"done": True})
+    _send(control, {"ready": True, "python": sys.version.split()[0], "confinement": status})
+    _offer(control, spares)
+    serve(control, spares)
 
 
-def _requests(fd: int) -> Iterator[bytes]:
-    """The host's requests: each a little-endian length of `REQUEST_HEADER_BYTES` bytes, then
-    that many bytes of marshal (`host._frame`). While it waits for the next, the server reaps
-    the children it stopped (`_stop`) as each finishes dying."""
-    buffer = bytearray()
+def serve(control: socket.socket, spares: Spares) -> None:
+    """Answer the host's messages until it goes away; reap stopped children as they die."""
+    fd = control.fileno()
     while True:
-        while True:
-            if len(buffer) >= REQUEST_HEADER_BYTES:
-                end = REQUEST_HEADER_BYTES + int.from_bytes(buffer[:REQUEST_HEADER_BYTES], "little")
-                if len(buffer) >= end:
-                    break
-            ready, _, _ = select.select([fd, *_stopped.values()], [], [])
-            _reap_dead(ready)
-            if fd in ready:
-                chunk = os.read(fd, 1 << 20)
-                if not chunk:
-                    return
-                buffer += chunk
-        yield bytes(buffer[REQUEST_HEADER_BYTES:end])
-        del buffer[:end]
+        ready, _, _ = select.select([fd, *_stopped.values()], [], [])
+        _reap_dead(ready)
+        if fd not in ready:
+            continue
+        message = control.recv(MESSAGE_BYTES)
+        if not message:
+            return  # the host went away: so does the sandbox, and with it every child
+        try:
+            what, pid = marshal.loads(message)
+        except (ValueError, EOFError, TypeError):
+            continue
+        if pid not in _offered:
+            continue  # not a child the host holds: nothing to do
+        if what == "took":
+            _offer(control, spares)
+        elif what == "stop":
+            _offered.discard(pid)
+            _stop(pid)
+        elif what == "reap":
+            _offered.discard(pid)
+            kind, _, error = _kill(pid)
+            _send(control, ["status", pid, kind, error])
 
 
-def _emit(out: Any, message: dict[str, Any]) -> None:
-    out.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+def _send(control: socket.socket, message: Any, fds: list[int] | None = None) -> None:
+    data = json.dumps(message, separators=(",", ":")).encode()
+    if fds:
+        socket.send_fds(control, [data], fds)
+    else:
+        control.send(data)
 
 
-def _done(out: Any, message: dict[str, Any]) -> None:
-    """Write the last line of a reply and send the whole reply."""
-    _emit(out, message)
-    out.flush()
+_offered: set[int] = set()
+"""Children whose pipes the host holds, until it says "stop" or "reap"."""
 
 
-# --------------------------------------------------------------------------- the server side
+def _offer(control: socket.socket, spares: Spares) -> None:
+    """Hand the host the next started child: its pid, and its two pipes, which the server then
+    closes (so the host's write end is the only one, and the child reads its work to EOF)."""
+    pid, work_fd, result_fd = spares.take()
+    _offered.add(pid)
+    try:
+        _send(control, ["child", pid], [work_fd, result_fd])
+    finally:
+        os.close(work_fd)
+        os.close(result_fd)
 
 
 class Spares:
@@ -181,9 +194,9 @@ class Spares:
     Forking a child and confining it (rlimits, Landlock, seccomp) is most of a request's fixed
     cost, and none of it depends on the request. So the server keeps the next child started
     before its request comes: forked, confined and waiting for its work on a pipe, with no
-    environment code run in it. A request takes it, hands it the work, and starts the next one
-    while this one runs (on another core, or while the host waits anyway). A child serves one
-    request.
+    environment code run in it. The host takes it (`_offer`), writes it the work and says so,
+    and the server starts the next one while this one runs (on another core, or while the host
+    waits anyway). A child serves one request.
 
     Children are forked `SPARES` at a time, each then waiting for its turn before it does
     anything: a fork write-protects every page of the server, so each page the server writes
@@ -234,165 +247,6 @@ def _fork_child(confined: bool) -> tuple[int, int, int]:
     return pid, work_write, result_read
 
 
-def serve_request(
-    out: Any, request: dict[str, Any], source: str, ops: list[Any], spares: Spares
-) -> None:
-    limits = request.get("limits", {})
-    filename = request.get("filename", "environment.py")
-    op_seconds = float(limits.get("op_seconds", 10.0))
-    output_bytes = int(limits.get("output_bytes", 1 << 20))
-    done: dict[int, bytes] = {}
-    pending = list(range(len(ops)))
-    failures = 0
-    while pending:
-        if failures >= MAX_FAILURES_PER_REQUEST:
-            for i in pending:
-                _emit(
-                    out,
-                    _fail(
-                        i, "skipped", "", f"skipped after {failures} failed calls in this request"
-                    ),
-                )
-            return
-        batch = [(i, _resolve(ops[i], done)) for i in pending]
-        key = (filename, source) if isinstance(filename, str) and isinstance(source, str) else None
-        code = _cached_code(key)
-        # All of it came from marshal (the request) or JSON (results the server parsed),
-        # within marshal's depth.
-        work = marshal.dumps((source, filename, batch, limits, code, key is not None))
-        started = time.monotonic()
-        pid, work_fd, read_fd = spares.take()
-        if not _hand_over(work_fd, work):  # it died waiting: a fresh one
-            _kill(pid)
-            os.close(read_fd)
-            pid, work_fd, read_fd = spares.take()
-            _hand_over(work_fd, work)  # if this one is gone too, _relay reports the crash
-        spares.start_next()  # while this child works
-        cache_key = key if code is None else None
-        finished, failure = _relay(
-            out, read_fd, pid, pending, op_seconds, output_bytes, done, cache_key, started
-        )
-        os.close(read_fd)
-        pending = pending[finished:]
-        if failure is not None:
-            failures += 1
-            _emit(out, failure)
-            pending = pending[1:]
-
-
-def _hand_over(fd: int, work: bytes) -> bool:
-    """Write `work` to a spare's work pipe and close it; False if the spare is gone."""
-    try:
-        view = memoryview(work)
-        while view:
-            view = view[os.write(fd, view) :]
-    except BrokenPipeError:
-        return False
-    finally:
-        os.close(fd)
-    return True
-
-
-def _resolve(op: Any, done: dict[int, bytes]) -> Any:
-    """Give a score op the instance of its source op when that ran in an earlier child."""
-    if isinstance(op, dict) and op.get("op") == "score" and op.get("from") in done:
-        try:
-            value = json.loads(done[op["from"]]).get("value")
-        except (ValueError, RecursionError, AttributeError):
-            value = None
-        if not isinstance(value, dict):
-            value = {}
-        answer = op.get("answer")
-        if answer is None and isinstance(value.get("answer_text"), str):
-            answer = value["answer_text"].strip()
-        return {
-            "op": "score",
-            "answer": answer,
-            "from": None,
-            "instance": value.get("instance"),
-            "reference": value.get("reference"),
-        }
-    return op
-
-
-def _relay(
-    out: Any,
-    fd: int,
-    pid: int,
-    pending: list[int],
-    op_seconds: float,
-    cap: int,
-    done: dict[int, bytes],
-    cache_key: tuple[str, str] | None,
-    started: float,
-) -> tuple[int, dict[str, Any] | None]:
-    """Copy the child's result lines to `out`; return how many finished and the failure, if any.
-
-    With `cache_key`, the child's first line is its code line (`_send_code`), kept, not relayed.
-    The first op's time counts from `started`, when the child was handed its work.
-    """
-    buffer = b""
-    finished = 0
-    deadline = started + op_seconds
-    while finished < len(pending):
-        index = pending[finished]
-        remaining = deadline - time.monotonic()
-        ready, _, _ = select.select([fd], [], [], max(remaining, 0))
-        if not ready:
-            _stop(pid)
-            return finished, _fail(index, "timeout", "", f"no result within {op_seconds:g} s")
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:  # dead, or it closed its pipe and lives on: kill before waiting
-            status = _kill(pid)
-            return finished, _fail(index, *status)
-        buffer += chunk
-        while b"\n" in buffer and finished < len(pending):
-            line, buffer = buffer.split(b"\n", 1)
-            index = pending[finished]
-            if cache_key is not None:  # the first line is the code line (`_send_code`)
-                _store_code(cache_key, line)
-                cache_key = None
-                continue
-            prefix = RESULT_PREFIX % index
-            if not line.startswith(prefix):
-                _stop(pid)
-                return finished, _fail(index, "output", "", "the child wrote a malformed result")
-            if line.startswith(b"true", len(prefix)):
-                done[index] = line  # parsed only if a later child needs it (`_resolve`)
-            # It holds no newline and begins as only a result of this op does; the host parses
-            # it, and takes it as this op's failure when it is not one whole JSON object.
-            out.write(line + b"\n")
-            finished += 1
-            deadline = time.monotonic() + op_seconds
-        if len(buffer) > cap:
-            _stop(pid)
-            return finished, _fail(
-                pending[finished], "output", "", f"result larger than {cap} bytes"
-            )
-    _stop(pid)  # it has answered everything; it must not outlive the request (os._exit patched)
-    return finished, None
-
-
-def _cached_code(key: tuple[str, str] | None) -> bytes | None:
-    """The kept code of `key`, now the most recently used (the oldest goes out first)."""
-    code = _code_cache.pop(key, None) if key is not None else None
-    if key is not None and code is not None:
-        _code_cache[key] = code
-    return code
-
-
-def _store_code(key: tuple[str, str], line: bytes) -> None:
-    """Keep the code a child sent (`_send_code`); the server never unmarshals it."""
-    try:
-        code = bytes.fromhex(json.loads(line)["code"])
-    except (ValueError, KeyError, TypeError):
-        return  # {"code": null}: nothing to keep
-    _code_cache.pop(key, None)
-    _code_cache[key] = code
-    while len(_code_cache) > CODE_CACHE_ENTRIES:
-        del _code_cache[next(iter(_code_cache))]
-
-
 _stopped: dict[int, int] = {}
 """Children `_stop` killed and not reaped yet: pid -> a pidfd, readable once it is dead."""
 MAX_DYING = 8
@@ -402,7 +256,7 @@ MAX_DYING = 8
 def _stop(pid: int) -> None:
     """SIGKILL a child that needs no post-mortem: it can run nothing more, so the request
     goes on while the kernel tears it down (a millisecond for a process this size), and the
-    server reaps it later (`_requests`, `_reap_dead`)."""
+    server reaps it later (`serve`, `_reap_dead`)."""
     _sigkill(pid)
     if len(_stopped) >= MAX_DYING:
         _reap_dead(list(_stopped.values()))
@@ -414,7 +268,7 @@ def _stop(pid: int) -> None:
 
 def _reap_dead(ready: list[int]) -> None:
     """Reap the stopped children whose pidfd is in `ready`: at once if dead, as `select` says
-    they are in `_requests`; after the end of their teardown if not."""
+    they are in `serve`; after the end of their teardown if not."""
     for pid, pidfd in list(_stopped.items()):
         if pidfd in ready:
             os.waitpid(pid, 0)
@@ -469,7 +323,7 @@ def _child(work_fd: int, write_fd: int, confined: bool) -> None:
         _isolate_child(confined)
         _rehearse()
         work = _read_all(work_fd)
-        if not work:  # the server went away, or never had work for it
+        if not work:  # the host closed its pipe without work: it is going away
             return
         source, filename, batch, limits, code, cacheable = marshal.loads(work)
         del work
@@ -477,7 +331,6 @@ def _child(work_fd: int, write_fd: int, confined: bool) -> None:
         results = os.fdopen(write_fd, "wb", buffering=0)
         dumps = json.dumps
         compiled = _compile(source, filename, code)
-        _code_cache.clear()  # other environments' code is none of this one's business
         if code is None and cacheable:
             _send_code(write_fd, compiled, int(limits.get("output_bytes", 1 << 20)))
         env_or_error = compiled if isinstance(compiled, str) else _load(compiled, filename)
@@ -488,7 +341,7 @@ def _child(work_fd: int, write_fd: int, confined: bool) -> None:
             else:
                 result = run_op(env_or_error, op, kept, index)
                 result.pop("i", None)
-                result = {"i": index, **result}  # the line begins {"i":N,"ok": (`_relay`)
+                result = {"i": index, **result}  # the line begins {"i":N,"ok": (RESULT_PREFIX)
             try:
                 line = dumps(result, separators=(",", ":"), default=_unencodable)
             except (ValueError, RecursionError):
@@ -597,7 +450,7 @@ def _unencodable(value: object) -> str:
 
 
 def _compile(source: str, filename: str, cached: bytes | None) -> Any:
-    """The module's code object (from the server's cache when it has it), or an error."""
+    """The module's code object (from the host's cache when it has it), or an error."""
     if cached is not None:
         try:
             return marshal.loads(cached)
@@ -615,7 +468,7 @@ def _send_code(fd: int, code: Any, output_bytes: int) -> None:
     """Write the code line: the compiled module, or null when there is none to keep.
 
     It is the child's first line and is written whole before any environment code runs in
-    this process, so what the server keeps depends on the source alone; the server takes the
+    this process, so what the host keeps depends on the source alone; the host takes the
     first line of such a child as this line, whatever it holds."""
     line = b'{"code":null}\n'
     if not isinstance(code, str):

@@ -669,7 +669,8 @@ def test_the_host_kills_a_server_that_stops_answering(monkeypatch: pytest.Monkey
     hung = [
         sys.executable,
         "-c",
-        "import time; print('{\"ready\": true}', flush=True); time.sleep(60)",
+        "import socket, time; control = socket.socket(fileno=0); "
+        "control.send(b'{\"ready\": true}'); time.sleep(60)",
     ]
     monkeypatch.setattr(host, "server_command", lambda settings, hash_seed: (hung, {}, False))
     monkeypatch.setattr(host, "_SLACK_SECONDS", 0.5)
