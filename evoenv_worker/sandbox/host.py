@@ -330,7 +330,7 @@ class Sandbox:
         """Send the server a message; `quiet`: if it is gone, the next message will say so."""
         assert self._control is not None
         try:
-            self._control.send(marshal.dumps((what, pid)))
+            self._control.send(marshal.dumps((what, pid)), socket.MSG_NOSIGNAL)
         except OSError as exc:
             if not quiet:
                 raise SandboxFailure(f"the fork server is gone: {exc}") from exc

@@ -684,3 +684,32 @@ def test_the_host_kills_a_server_that_stops_answering(monkeypatch: pytest.Monkey
     assert time.monotonic() - start < 5.0
     assert first.poll() is not None
     assert sandbox.restarts == 2
+
+
+@pytest.mark.parametrize(
+    "message",
+    [b'["status", 1, "crash", "where a child is due"]', b'["child", 1]', b"not json"],
+)
+def test_the_host_ends_a_server_that_breaks_the_protocol(
+    monkeypatch: pytest.MonkeyPatch, message: bytes
+) -> None:
+    """What the server sends is untrusted too: a message the protocol does not allow where it
+    comes (here a status where a child is due, a child without its pipes, garbage) ends that
+    server; the host restarts it once, then gives up with the reason."""
+    broken = [
+        sys.executable,
+        "-c",
+        "import socket, sys, time; control = socket.socket(fileno=0); "
+        "control.send(b'{\"ready\": true}'); control.send(sys.argv[1].encode()); time.sleep(60)",
+        message.decode(),
+    ]
+    monkeypatch.setattr(host, "server_command", lambda settings, hash_seed: (broken, {}, False))
+    sandbox = Sandbox(SandboxSettings(op_seconds=0.5, allow_unconfined=True))
+    sandbox.start()
+    first = sandbox._proc
+    assert first is not None
+    with pytest.raises(SandboxFailure, match=r"unexpected message|not JSON"):
+        sandbox.run(TOOLS_SOURCE, [order("ok")])
+    assert first.poll() is not None
+    assert sandbox.restarts == 2
+    sandbox.close()
