@@ -464,16 +464,16 @@ def writer_source(name: str, line: str) -> str:
 
 
 POISON_SOURCE = writer_source("poison", """('{"code":"%s"}\\n' % FORGED).encode()""")
-"""Writes a code line: compiled code of its own, as if for the server's cache."""
+"""Writes a code line: compiled code of its own, as if for the host's code cache."""
 
 
-def test_a_child_cannot_plant_code_in_the_server_cache(sandbox: Sandbox) -> None:
-    """The server keeps the compiled module of a source (the first line of the first child
+def test_a_child_cannot_plant_code_in_the_code_cache(sandbox: Sandbox) -> None:
+    """The host keeps the compiled module of a source (the first line of the first child
     that compiles it, written before any environment code runs). A forged code line written by
     environment code, whether or not the source is cached yet, is a malformed result, and later
     requests still run the real module."""
     source = POISON_SOURCE + f"# {time.time_ns()}\n"  # not cached yet
-    for _ in range(2):  # the first compiles (and the server keeps it), the second unmarshals
+    for _ in range(2):  # the first compiles (and the host keeps it), the second unmarshals
         [attack] = sandbox.run(source, [grade(1, 1, ["1"])])
         assert (attack.ok, attack.kind) == (False, "output"), attack
         [describe, made] = sandbox.run(
@@ -491,10 +491,9 @@ reader goes."""
 
 
 def test_a_malformed_result_line_fails_its_op_only(sandbox: Sandbox) -> None:
-    """The server relays a line that begins as op 0's result does without parsing it; the
-    host cannot read it and fails op 0 with it. The child's own result for op 0 then comes
-    where op 1's is due: the server stops the child there, and op 2 runs in a fresh one. The
-    server lives on."""
+    """A line that begins as op 0's result does but cannot be read fails op 0. The child's
+    own result for op 0 then comes where op 1's is due: the host stops the child there (op 1
+    fails), and op 2 runs in a fresh one. The server lives on."""
     restarts = sandbox.restarts
     score = {"op": "score", "answer": "1", "instance": {"n": 1}, "reference": 1}
     [garbled, late, described] = sandbox.run(
