@@ -16,7 +16,7 @@ import pytest
 from evoenv_learner.supervisor import descendants, process_parents
 from evoenv_worker.sandbox.host import Sandbox
 from evoenv_worker.sandbox.launch import missing_isolation
-from evoenv_worker.sandbox.runner import SPARES
+from evoenv_worker.sandbox.runner import SPARES, STARTED
 from shared.config import SandboxSettings
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
@@ -72,8 +72,8 @@ def sandbox_processes() -> Callable[[Sandbox], tuple[int, list[int]]]:
     """A function giving the host pid of a sandbox (its bubblewrap; -1 if none runs) and the
     pids of the processes below it that stay from call to call: all but the fork server's
     children. Between calls the server's children are the ones forked for later requests (at
-    most `SPARES`, forked a few at a time, each one serving one request); the children a call
-    killed are reaped as they finish dying. It fails if the server has more children than
+    most `SPARES` waiting, forked a few at a time, plus `STARTED` getting ready, each one
+    serving one request); the children a call killed are reaped as they finish dying. It fails if the server has more children than
     that a second later (a process of an earlier call lives on) or if one of them is dead (a
     call reached it)."""
 
@@ -88,11 +88,11 @@ def sandbox_processes() -> Callable[[Sandbox], tuple[int, list[int]]]:
             servers = {p for p in below if _is_runner(p) and not _is_runner(parents[p])}
             children = [c for c in below if parents[c] in servers]
             dead = [c for c in children if _state(c) in ("Z", "X", "")]
-            settled = len(children) <= SPARES * len(servers) and not dead
+            settled = len(children) <= (SPARES + STARTED) * len(servers) and not dead
             if settled or time.monotonic() > deadline:
                 break
             time.sleep(0.01)
-        assert len(children) <= SPARES * len(servers), f"the fork server has {children}"
+        assert len(children) <= (SPARES + STARTED) * len(servers), f"the server has {children}"
         assert not dead, f"the children {dead} died waiting for their requests"
         return proc.pid, sorted(set(below) - set(children))
 
