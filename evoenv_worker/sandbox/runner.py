@@ -208,7 +208,7 @@ class Spares:
 
     Children are forked `SPARES` at a time, each then waiting for its turn before it does
     anything: a fork write-protects every page of the server, so each page the server writes
-    afterwards costs it a copy (some 260 pages a request here, most of a millisecond), once per
+    afterwards costs it a copy (some 50 pages a request here, 2-4 us each), once per
     fork; after forking several in a row it pays that once for all of them. They are started
     one at a time, as the host takes them, so the work of getting ready never competes with
     more than one request.
