@@ -7,6 +7,10 @@ group (a process that starts its own session) are tracked from /proc while the c
 and killed with it: otherwise a killed child's orphans can keep its port. A child that dies is
 restarted with a growing delay, at most `max_restarts` times.
 
+A child also stops when the supervising process dies without stopping it (`kill -9`, a
+crash): each is started under `setpriv --pdeathsig TERM` (Linux's parent-death signal, kept
+across exec), so no Redis, vLLM server or worker outlives `evoenv up`.
+
 `stop_all` stops the children layer by layer, the highest `layer` first (the workers before
 the services they use), and the children of one layer together: one after the other, a Ctrl-C
 of `evoenv up` took 41-54 s, the generation worker's whole 20 s grace (a vLLM request in
@@ -17,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -60,10 +66,13 @@ class Child:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self) -> None:
+        """Start it. It gets SIGTERM when the thread that called this ends (the parent-death
+        signal is the starting thread's): call it from the thread that supervises, which in
+        `evoenv up` is the main thread."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(
-                self.argv,
+                _dies_with_us(self.argv),
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -173,6 +182,24 @@ class Supervisor:
             signalled = time.monotonic()
             for child in children:
                 child.finish(signalled)
+
+
+def _dies_with_us(argv: list[str]) -> list[str]:
+    """`argv` run so that it gets SIGTERM when its parent dies: `setpriv` sets the signal and
+    execs it (no Python runs between fork and exec, unlike a `preexec_fn`, which is unsafe in
+    a process with threads). Where no setpriv with `--pdeathsig` is found, `argv` as it is."""
+    setpriv = _setpriv()
+    return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else argv
+
+
+@functools.cache
+def _setpriv() -> str | None:
+    """util-linux's setpriv, if it has `--pdeathsig` (2.33 and later)."""
+    path = shutil.which("setpriv")
+    if path is None:
+        return None
+    probe = subprocess.run([path, "--pdeathsig", "TERM", "--", "true"], capture_output=True)
+    return path if probe.returncode == 0 else None
 
 
 def descendants(*roots: int, parents: dict[int, int] | None = None) -> set[int]:

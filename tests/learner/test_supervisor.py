@@ -1,11 +1,14 @@
 """The supervisor of `evoenv up`, on real child processes: a killed child is restarted and its
-`restarted` hook runs; one that keeps dying is given up on; stopping leaves no process."""
+`restarted` hook runs; one that keeps dying is given up on; stopping leaves no process, and
+neither does a supervisor killed outright."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -150,3 +153,45 @@ def test_stop_all_stops_a_layer_together_and_the_layers_in_order(tmp_path: Path)
     assert 2.0 <= took < 3.5, f"stop_all took {took:.1f} s: the workers were not stopped together"
     assert stopped[service.name] >= max(stopped[w.name] for w in workers)
     assert not any(_alive(pid) for pid in pids)
+
+
+SUPERVISING = """
+import os, sys, time
+from pathlib import Path
+from evoenv_learner.supervisor import Child, Supervisor
+folder = Path(sys.argv[1])
+supervisor = Supervisor()
+for name in ("service", "worker"):
+    argv = [sys.executable, "-c", "import time; time.sleep(600)"]
+    child = supervisor.add(Child(name, argv, dict(os.environ), folder / f"{name}.log"))
+    child.start()
+(folder / "pids.tmp").write_text(" ".join(str(c.proc.pid) for c in supervisor.children))
+(folder / "pids.tmp").rename(folder / "pids")
+time.sleep(600)
+"""
+
+
+def test_children_stop_when_the_supervising_process_is_killed(tmp_path: Path) -> None:
+    # `kill -9` of `evoenv up` (or its death by SIGHUP before it can stop anything) must not
+    # leave a Redis, a vLLM server or a worker behind: each child is in a session of its own,
+    # which no signal to the supervisor's group reaches, so the kernel's parent-death signal
+    # does it.
+    supervising = subprocess.Popen(
+        [sys.executable, "-c", SUPERVISING, str(tmp_path)], start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "pids").exists():
+            assert time.monotonic() < deadline and supervising.poll() is None, "no children"
+            time.sleep(0.05)
+        pids = [int(pid) for pid in (tmp_path / "pids").read_text().split()]
+        assert len(pids) == 2 and all(_alive(pid) for pid in pids)
+        os.kill(supervising.pid, signal.SIGKILL)
+        supervising.wait()
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(pid) for pid in pids), "a child outlived its supervisor"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(supervising.pid, signal.SIGKILL)
