@@ -4,8 +4,11 @@
     consumer (stream -> bounded queue) -> trainer (steps, pushes, checkpoints, evaluation)
 
 Torch work runs behind `asyncio.to_thread`. SIGTERM or SIGINT stops it cleanly: no new jobs
-are sent (jobs in flight finish on the workers and wait in the stream), the trainer finishes
-its step and writes a checkpoint, then the stream entries it includes are acknowledged.
+are sent (jobs in flight finish on the workers and wait in the stream), the step in progress
+is dropped, a checkpoint is written, then the stream entries it includes are acknowledged.
+SIGHUP (its terminal closed) does the same, its terminal output going to /dev/null from then
+on, and so does a terminal that goes away without a SIGHUP reaching the learner; under
+`nohup` hangups stay ignored.
 `resume=True` continues from the last checkpoint: its weights are pushed to every server as
 version max(checkpoint, Redis) + 1, so a version number is never reused.
 """
@@ -14,9 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,15 +58,53 @@ class LearnerState:
     """A stop was asked for: the step in progress is dropped, then a checkpoint is written."""
 
 
+def hangup_handler(then: Callable[[], None]) -> Callable[[], None] | None:
+    """A SIGHUP handler: the terminal is gone, so point the standard output and error that
+    were on it at /dev/null (each write would fail with EIO, and the first one would end the
+    process before it could stop cleanly), then call `then`. None when SIGHUP is ignored (as
+    under `nohup`), which it must stay."""
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+        return None
+    terminals = [fd for fd in (1, 2) if os.isatty(fd)]  # a hung-up terminal is no tty any more
+
+    def hung_up() -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in terminals:
+            os.dup2(devnull, fd)
+        os.close(devnull)
+        then()
+
+    return hung_up
+
+
+async def watch_terminal(stop: asyncio.Event, hung_up: Callable[[], None]) -> None:
+    """Call `hung_up` once if the terminal on the standard output or error goes away, until
+    `stop` is set. A hung-up terminal is no tty any more, and a closed terminal does not always
+    signal us: under `ssh -t host make run` the SIGHUP goes to the session's leader, make, which
+    dies and leaves `evoenv up` running with a dead terminal. One check a second."""
+    terminals = [fd for fd in (1, 2) if os.isatty(fd)]
+    while terminals and not stop.is_set():
+        if not all(os.isatty(fd) for fd in terminals):
+            hung_up()
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=1.0)
+
+
 async def run(
     settings: Settings,
     *,
     resume: bool = False,
     on_step: Any = None,
+    on_start: Callable[[LearnerState], None] | None = None,
     republish: asyncio.Event | None = None,
     parallel: DataParallel | None = None,
 ) -> LearnerState:
     """Run the learner until `learner.steps` steps are done (0: until stopped).
+
+    `on_start` gets the learner's state once it runs (the model loaded, the checkpoint
+    resumed); the loop updates that object in place from then on. `on_step` gets it after
+    each step and when a stop is asked for.
 
     Setting `republish` (e.g. when a model server was restarted, and serves the base weights
     again) pushes the current weights as a new version as soon as no step is running.
@@ -131,9 +174,13 @@ async def run(
                 on_step(state)
         stop.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    handlers = {signal.SIGTERM: request_stop, signal.SIGINT: request_stop}
+    hung_up = hangup_handler(request_stop)
+    if hung_up is not None:
+        handlers[signal.SIGHUP] = hung_up
+    for sig, handler in handlers.items():
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, request_stop)
+            loop.add_signal_handler(sig, handler)
     queue: asyncio.Queue[GradedGroup] = asyncio.Queue(maxsize=settings.grpo.batch_groups * 4)
     log.info(
         "learner_started",
@@ -143,6 +190,8 @@ async def run(
         version=state.version,
         settings=settings.masked(),
     )
+    if on_start is not None:
+        on_start(state)
 
     async def checkpoint() -> None:
         ids = consumer.take_for_checkpoint()
@@ -290,6 +339,8 @@ async def run(
             group.create_task(orchestrator.search_serving(stop))
             group.create_task(consume())
             group.create_task(train())
+            if hung_up is not None:
+                group.create_task(watch_terminal(stop, hung_up))
             if republish is not None:
                 group.create_task(republisher())
     except BaseExceptionGroup as failed:  # a deliberate error (DiskFull, ...) as itself

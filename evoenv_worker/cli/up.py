@@ -3,7 +3,8 @@
 Starts a private Redis (append-only, data in the run folder) unless EVOENV_REDIS_URL is set,
 the vLLM server on the embedded model unless EVOENV_VLLM_URLS is set, one worker per queue,
 Flower, and the learner in the foreground. Ctrl-C or --steps ends it cleanly: checkpoint,
-every child stopped, the report written. Run it again in the same folder and it resumes.
+every child stopped, the report written; so does closing its terminal (SIGHUP), its output
+going to /dev/null from then on. Run it again in the same folder and it resumes.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.live import Live
@@ -51,6 +52,11 @@ def up(
         settings = settings.model_copy(
             update={"learner": settings.learner.model_copy(update={"steps": steps})}
         )
+    from evoenv_learner.loop import hangup_handler
+
+    hung_up = hangup_handler(_interrupt)
+    if hung_up is not None:  # until the learner takes it over, a hangup is a Ctrl-C
+        signal.signal(signal.SIGHUP, lambda *_: hung_up())
     try:
         state = asyncio.run(_up(settings))
     except EvoEnvError as exc:
@@ -273,14 +279,20 @@ async def _up(settings: Settings) -> dict[str, Any]:
         resume = (run_dir / "checkpoints").is_dir() and any(
             (run_dir / "checkpoints").glob("step-*")
         )
-        display = _Display()
+        display = Display(supervisor, settings.grpo.batch_groups)
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()  # loading bars would break the live display
-        with Live(display.table(None, supervisor), refresh_per_second=1, transient=False) as live:
+        # drawn anew at each refresh: the children's state and the wait for the first step
+        # show as they change, not only at the next step
+        with Live(get_renderable=display.table, refresh_per_second=1, transient=False) as live:
+
+            def on_start(learner_state: Any) -> None:
+                display.learner = learner_state
 
             def on_step(learner_state: Any) -> None:
-                live.update(display.table(learner_state, supervisor))
+                display.learner = learner_state
+                live.refresh()
                 if not out.is_terminal:  # Live shows only its last table off a terminal
                     out.print(display.line(learner_state), markup=False)
 
@@ -292,7 +304,11 @@ async def _up(settings: Settings) -> dict[str, Any]:
             watcher = asyncio.create_task(watch())
             try:
                 learner_state = await run(
-                    settings, resume=resume, on_step=on_step, republish=republish
+                    settings,
+                    resume=resume,
+                    on_step=on_step,
+                    on_start=on_start,
+                    republish=republish,
                 )
             finally:
                 stop.set()
@@ -303,6 +319,10 @@ async def _up(settings: Settings) -> dict[str, Any]:
         supervisor.stop_all()
     state["report"] = str(_report(settings))
     return state
+
+
+def _interrupt() -> NoReturn:
+    raise KeyboardInterrupt
 
 
 def _report(settings: Settings) -> Path:
@@ -320,11 +340,27 @@ def _report(settings: Settings) -> Path:
     return settings.run_dir / "report" / "report.md"
 
 
-class _Display:
-    def table(self, learner: Any, supervisor: Any) -> Table:
+class Display:
+    """The live table: the learner's state (once it runs) and the children's."""
+
+    def __init__(self, supervisor: Any, batch_groups: int) -> None:
+        self.supervisor = supervisor
+        self.batch_groups = batch_groups
+        self.learner: Any = None
+
+    def table(self) -> Table:
+        learner, supervisor = self.learner, self.supervisor
         table = Table(title="EvoEnv", show_header=False)
         if learner is None:
-            table.add_row("learner", "starting (model, first groups) ...")
+            table.add_row("learner", "starting (model, checkpoint) ...")
+        elif learner.step == 0 and not learner.last_metrics and not learner.stopping:
+            # on two cores the first step can take many minutes: groups whose answers all
+            # score alike teach nothing and are skipped
+            table.add_row(
+                "learner",
+                f"first step: waiting for {self.batch_groups} groups with different rewards "
+                f"({learner.skipped_groups} skipped: all answers scored alike)",
+            )
         else:
             m = learner.last_metrics
             table.add_row("step / policy version", f"{learner.step} / {learner.version}")
