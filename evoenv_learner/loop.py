@@ -77,18 +77,18 @@ def hangup_handler(then: Callable[[], None]) -> Callable[[], None] | None:
     return hung_up
 
 
-async def watch_terminal(stop: asyncio.Event, hung_up: Callable[[], None]) -> None:
-    """Call `hung_up` once if the terminal on the standard output or error goes away, until
-    `stop` is set. A hung-up terminal is no tty any more, and a closed terminal does not always
-    signal us: under `ssh -t host make run` the SIGHUP goes to the session's leader, make, which
-    dies and leaves `evoenv up` running with a dead terminal. One check a second."""
+async def watch_terminal(hung_up: Callable[[], None]) -> None:
+    """Call `hung_up` if the terminal on the standard output or error goes away, then return;
+    until then, one check a second, until cancelled. A hung-up terminal is no tty any more, and
+    a closed terminal does not always signal us: under `ssh -t host make run` the SIGHUP goes
+    to the session's leader, make, which dies and leaves `evoenv up` running on a dead
+    terminal."""
     terminals = [fd for fd in (1, 2) if os.isatty(fd)]
-    while terminals and not stop.is_set():
+    while terminals:
         if not all(os.isatty(fd) for fd in terminals):
             hung_up()
             return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=1.0)
+        await asyncio.sleep(1.0)
 
 
 async def run(
@@ -333,14 +333,14 @@ async def run(
             if state.step > last_checkpoint or consumer.has_unacknowledged:
                 await checkpoint()
 
+    # beside the group, not in it: it watches until the stop's checkpoint is written too
+    watcher = asyncio.create_task(watch_terminal(hung_up)) if hung_up is not None else None
     try:
         async with asyncio.TaskGroup() as group:
             group.create_task(orchestrator.run(stop))
             group.create_task(orchestrator.search_serving(stop))
             group.create_task(consume())
             group.create_task(train())
-            if hung_up is not None:
-                group.create_task(watch_terminal(stop, hung_up))
             if republish is not None:
                 group.create_task(republisher())
     except BaseExceptionGroup as failed:  # a deliberate error (DiskFull, ...) as itself
@@ -352,6 +352,8 @@ async def run(
             first = first.exceptions[0]
         raise first from failed
     finally:
+        if watcher is not None:
+            watcher.cancel()
         await asyncio.to_thread(trainer.close)
         metrics.close()
         publisher.close()

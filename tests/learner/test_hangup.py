@@ -27,10 +27,10 @@ async def main() -> None:
         print("ignored", flush=True)
         return
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, handler)
-    watcher = asyncio.create_task(watch_terminal(stop, handler))
+    watcher = asyncio.create_task(watch_terminal(handler))
     print("ready", flush=True)
     await stop.wait()
-    await watcher
+    watcher.cancel()
     for _ in range(100):  # what a stopping learner prints: each would fail on the dead terminal
         print("stopping: writing a checkpoint", flush=True)
         print("a warning", file=sys.stderr, flush=True)
