@@ -161,6 +161,7 @@ async def run(
     rng = random.Random(extra.get("orchestrator_seed", time.time_ns()))
     orchestrator = Orchestrator(settings, pool, consumer.backlog, rng=rng)
     orchestrator.levels.update({str(k): int(v) for k, v in extra.get("levels", {}).items()})
+    orchestrator.spread.update({str(k): list(v) for k, v in extra.get("spread", {}).items()})
     metrics = MetricsSink(settings, archive, run_dir / "tensorboard")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -201,6 +202,7 @@ async def run(
             "funnel": state.funnel,
             "orchestrator_seed": rng.random(),
             "levels": orchestrator.levels,
+            "spread": orchestrator.spread,
         }
         await asyncio.to_thread(
             trainer.save_checkpoint,
@@ -224,7 +226,9 @@ async def run(
                     orchestrator.over_budget(group.env_sha, group.difficulty)
                     orchestrator.solver_settled(group.group_id, trained=False)
                     continue
-                else:
+                rewards = [c.reward for c in group.completions]
+                trainable = group_advantages(rewards, group.role, settings.grpo) is not None
+                if group.role != "generator":
                     await asyncio.to_thread(_record_gradings, pool, group)
                     scored = [c for c in group.completions if c.reward is not None]
                     orchestrator.record_outcome(
@@ -232,10 +236,8 @@ async def run(
                         group.difficulty,
                         sum(c.reward == 1.0 for c in scored),
                         len(scored),
+                        spread=trainable,
                     )
-                rewards = [c.reward for c in group.completions]
-                trainable = group_advantages(rewards, group.role, settings.grpo) is not None
-                if group.role != "generator":
                     orchestrator.solver_settled(group.group_id, trained=trainable)
                 if not trainable:
                     state.skipped_groups += 1  # no reward variance: nothing to learn from

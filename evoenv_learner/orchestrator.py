@@ -2,7 +2,17 @@
 
 Solver side: pick an environment from the pool (seed floor, rotation), a training seed and its
 serving difficulty, then the Celery chain sample (grading) -> complete (generation) -> grade
-(grading), which appends one graded group to the rollout stream. Generator side: a proposal
+(grading), which appends one graded group to the rollout stream.
+
+Which environment (beyond the reference design, `learner.solver_draw`): GRPO learns nothing
+from a group whose answers all score alike, and at the start most groups are such (the 0.5B
+solver scores 0 on every answer of 7 of the 10 seeds at their easiest level; in a 3-step
+`evoenv up` on two cores 35 groups were skipped for 6 trained). The draw favours the
+environments whose recent groups at their current level had reward spread: weight
+`SPREAD_FLOOR` + (1 - `SPREAD_FLOOR`) x (k + 1) / (n + 2) for k of the last n (at most
+`SPREAD_WINDOW`) groups, 0.55 for one not tried yet. The floor keeps every member drawn now
+and then, so one the solver starts to solve (or fail) is noticed; a level that moves starts
+its own count. Generator side: a proposal
 prompt from a few pool members, sent to `propose` (generation), whose candidates go through
 admission; the generation group lands in the stream when its last candidate is done.
 
@@ -42,7 +52,7 @@ from typing import Any
 import structlog
 
 from evoenv_learner.difficulty import DifficultySearch, SearchResult
-from evoenv_learner.pool import Pool, PoolEntry
+from evoenv_learner.pool import Pool, PoolEntry, draw
 from evoenv_worker.propose import TOPICS, Example, choose_examples, proposal_messages
 from evoenv_worker.static import check_static
 from shared.config import Settings
@@ -55,6 +65,10 @@ LEVEL_WINDOW = 4
 """Solver groups observed at a level before it may move."""
 LEVEL_BAND = 0.25
 """How far the pass rate may stray from the target before the level moves."""
+SPREAD_WINDOW = 8
+"""Solver groups per environment and level that the draw remembers (`draw_weight`)."""
+SPREAD_FLOOR = 0.1
+"""The least draw weight, whatever an environment's groups (1: uniform)."""
 SEND_POLL_SECONDS = 0.5
 """How often `run` reaps finished chains and sends new groups (sooner when woken)."""
 SEARCH_POLL_SECONDS = 5.0
@@ -89,6 +103,9 @@ class Orchestrator:
     levels: dict[str, int] = field(default_factory=dict)
     """Per environment: the difficulty solver groups are served at now."""
     _outcomes: dict[str, list[float]] = field(default_factory=dict)
+    spread: dict[str, list[int]] = field(default_factory=dict)
+    """Per "SHA/LEVEL": 1 or 0 for each of its last `SPREAD_WINDOW` solver groups, as they had
+    reward spread or not (kept in checkpoints)."""
     _search_given_up: set[str] = field(default_factory=set)
     """Environments whose search measured nothing in this process (searched again on restart)."""
     round_pending: set[str] = field(default_factory=set)
@@ -184,15 +201,24 @@ class Orchestrator:
                     )
 
     def _choose(self) -> PoolEntry:
-        """The pool's draw (seed floor, rotation); with `learner.environments` set, uniformly
-        among those (the seed floor then does not apply)."""
+        """The pool's draw (seed floor, rotation), weighted by `draw_weight` unless
+        `learner.solver_draw` is uniform; with `learner.environments` set, among those (the seed
+        floor then does not apply)."""
+        weight = self.draw_weight if self.settings.learner.solver_draw == "spread" else None
         wanted = set(self.settings.learner.environments)
         if not wanted:
-            return self.pool.choose(self.rng)
+            return self.pool.choose(self.rng, weight)
         members = [m for m in self.pool.members if m.name in wanted]
         if not members:
             raise LookupError(f"none of {sorted(wanted)} is an active member of the pool")
-        return self.rng.choice(members)
+        return draw(members, self.rng, weight)
+
+    def draw_weight(self, entry: PoolEntry) -> float:
+        """How strongly the solver draw favours `entry` (module doc): from the share of its
+        recent groups at the level it is served at now that had reward spread."""
+        seen = self.spread.get(_spread_key(entry.sha, self.difficulty(entry)), [])
+        share = (sum(seen) + 1) / (len(seen) + 2)
+        return SPREAD_FLOOR + (1.0 - SPREAD_FLOOR) * share
 
     def info(self, entry: PoolEntry) -> EnvInfo:
         if entry.sha not in self._info:
@@ -217,10 +243,17 @@ class Orchestrator:
         level = min(level, self.ceilings.get(entry.sha, info.high))
         return max(info.low, min(info.high, level))
 
-    def record_outcome(self, env_sha: str, difficulty: int, passes: int, total: int) -> None:
+    def record_outcome(
+        self, env_sha: str, difficulty: int, passes: int, total: int, *, spread: bool | None = None
+    ) -> None:
         """Move an environment's level with the solver (beyond the reference design): after
         `LEVEL_WINDOW` groups at its level, one level harder when the pass rate is above
-        `target + LEVEL_BAND`, one easier when below `target - LEVEL_BAND`."""
+        `target + LEVEL_BAND`, one easier when below `target - LEVEL_BAND`. `spread`: whether
+        the group's rewards differed (for the draw, `draw_weight`)."""
+        if spread is not None:
+            recent = self.spread.setdefault(_spread_key(env_sha, difficulty), [])
+            recent.append(int(spread))
+            del recent[:-SPREAD_WINDOW]
         if self.settings.learner.difficulty or total == 0 or self.levels.get(env_sha) != difficulty:
             return
         window = self._outcomes.setdefault(env_sha, [])
@@ -435,6 +468,10 @@ class Orchestrator:
                 None if e.solve_rate is None else round(e.solve_rate, 3) for e in examples
             ],
         )
+
+
+def _spread_key(env_sha: str, difficulty: int) -> str:
+    return f"{env_sha}/{difficulty}"
 
 
 async def chain_results(results: list[Any], stop: asyncio.Event) -> list[dict[str, Any] | None]:

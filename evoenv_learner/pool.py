@@ -9,7 +9,8 @@ Sampling (`choose`) keeps the seeds' floor: with probability `seed_share` the dr
 uniformly; otherwise it is uniform over every active member, seeds included. The seeds' share
 is then seed_share + (1 - seed_share) x S / N (S seeds among N members), never below
 seed_share whatever the pool's size, and exactly 1 when only seeds are left. With no seeds
-the draw is uniform over the members.
+the draw is uniform over the members. Given a `weight`, each of the two draws is in
+proportion to it instead of uniform (the floor holds all the same).
 
 Rotation (`record_use`): an epoch of use is `epoch_instances` instances served (one solver
 group is one instance); an admitted environment retires once it has been used for
@@ -144,15 +145,18 @@ class Pool:
     def __contains__(self, sha: object) -> bool:
         return sha in self._members
 
-    def choose(self, rng: random.Random) -> PoolEntry:
-        """Draw the environment of the next solver group, keeping the seeds' floor."""
+    def choose(
+        self, rng: random.Random, weight: Callable[[PoolEntry], float] | None = None
+    ) -> PoolEntry:
+        """Draw the environment of the next solver group, keeping the seeds' floor; in
+        proportion to `weight` (positive) within each draw when given, else uniformly."""
         if self._clock() - self._loaded_at >= self.refresh_seconds:
             self.refresh()
         if not self._everyone:
             raise PoolEmpty("the pool has no seed or admitted environment; record the seeds first")
         if self._seeds and rng.random() < self.settings.seed_share:
-            return rng.choice(self._seeds)
-        return rng.choice(self._everyone)
+            return draw(self._seeds, rng, weight)
+        return draw(self._everyone, rng, weight)
 
     # ------------------------------------------------------------------ updates
 
@@ -388,6 +392,15 @@ def _solve_rate(stats: dict[str, Any]) -> float | None:
     scored = sum(int(level.get("scored", 0)) for level in levels)
     passes = sum(int(level.get("passes", 0)) for level in levels)
     return passes / scored if scored >= SOLVE_RATE_MIN_SCORED else None
+
+
+def draw(
+    entries: list[PoolEntry], rng: random.Random, weight: Callable[[PoolEntry], float] | None
+) -> PoolEntry:
+    """One of `entries`, in proportion to `weight` (uniformly without one)."""
+    if weight is None:
+        return rng.choice(entries)
+    return rng.choices(entries, weights=[weight(entry) for entry in entries])[0]
 
 
 def _now() -> str:

@@ -112,6 +112,28 @@ def test_seed_share_never_drops_below_the_floor(archive: Archive) -> None:
     assert len(seeds_drawn) == 10  # every seed gets its turn
 
 
+def test_a_weighted_draw_follows_the_weights_and_keeps_the_seed_floor(archive: Archive) -> None:
+    seed_pool(archive, SEEDS_DIR)
+    add_admitted(archive, 10)
+    pool = Pool(archive, PoolSettings())
+    heavy = pool.seeds[0].sha
+    # every admitted member weighs almost nothing, one seed 9 times as much as the others
+    weights = {
+        e.sha: 1e-6 if not e.is_seed else 9.0 if e.sha == heavy else 1.0 for e in pool.members
+    }
+    draws = 10_000
+    rng = random.Random(7)
+    picks = [pool.choose(rng, lambda e: weights[e.sha]) for _ in range(draws)]
+    # Seeds are 18 of the 18 + 10e-6 weight in both draws, so about every pick is a seed, and
+    # the heavy one is 9 / 18 of them: 0.5, standard deviation 0.005 over 10,000 draws.
+    assert sum(p.is_seed for p in picks) >= draws - 2
+    assert abs(sum(p.sha == heavy for p in picks) / draws - 0.5) < 4 * 0.005
+    # Admitted members weighing 1000 times a seed: the seeds still get their floor of 0.2.
+    weights = {e.sha: 1.0 if e.is_seed else 1000.0 for e in pool.members}
+    share = sum(pool.choose(rng, lambda e: weights[e.sha]).is_seed for _ in range(draws)) / draws
+    assert share >= 0.2 - 4 * math.sqrt(0.2 * 0.8 / draws)
+
+
 @pytest.mark.parametrize("admitted", [0, 10, 2000])
 def test_seed_floor_at_any_pool_size(archive: Archive, admitted: int) -> None:
     seed_pool(archive, SEEDS_DIR)

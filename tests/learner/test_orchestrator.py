@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from evoenv_learner import orchestrator as orchestrator_module
-from evoenv_learner.orchestrator import LEVEL_WINDOW, Orchestrator
-from evoenv_learner.pool import PoolEntry
+from evoenv_learner.orchestrator import LEVEL_WINDOW, SPREAD_FLOOR, SPREAD_WINDOW, Orchestrator
+from evoenv_learner.pool import PoolEntry, draw
 from shared.config import Settings
 from shared.messages import SolverJob
 
@@ -55,6 +56,53 @@ def test_outcomes_at_another_level_and_a_fixed_difficulty_move_nothing() -> None
     for _ in range(LEVEL_WINDOW):
         fixed.record_outcome("s", 3, 8, 8)
     assert fixed.difficulty(entry) == 3
+
+
+def test_the_draw_favours_environments_whose_groups_had_reward_spread() -> None:
+    orchestrator, entry = make()
+    untried = orchestrator.draw_weight(entry)
+    assert untried == pytest.approx(0.55)
+    for _ in range(SPREAD_WINDOW):
+        orchestrator.record_outcome("s", 1, 0, 4, spread=False)  # all wrong: nothing to learn
+    alike = orchestrator.draw_weight(entry)
+    assert alike == pytest.approx(SPREAD_FLOOR + (1 - SPREAD_FLOOR) / (SPREAD_WINDOW + 2))
+    orchestrator.record_outcome("s", 1, 2, 4, spread=True)  # only the last 8 count
+    assert orchestrator.draw_weight(entry) == pytest.approx(
+        SPREAD_FLOOR + (1 - SPREAD_FLOOR) * 2 / (SPREAD_WINDOW + 2)
+    )
+    orchestrator.levels["s"] = 2  # a new level starts its own count
+    assert orchestrator.draw_weight(entry) == pytest.approx(untried)
+
+
+class _Pool:
+    """Two members, no seeds: the pool's draw is then the weighted one over both."""
+
+    def __init__(self, *entries: PoolEntry) -> None:
+        self.members = list(entries)
+
+    def choose(self, rng: Any, weight: Any = None) -> PoolEntry:
+        return draw(self.members, rng, weight)
+
+
+@pytest.mark.parametrize("mode", ["spread", "uniform"])
+def test_spread_draws_mostly_what_can_be_learned_and_uniform_does_not(mode: str) -> None:
+    source = SEED.read_text()
+    learnable = PoolEntry(sha="a", name="a", source=source, origin="admitted", difficulty=None)
+    alike = PoolEntry(sha="b", name="b", source=source, origin="admitted", difficulty=None)
+    orchestrator = Orchestrator(
+        Settings(learner={"solver_draw": mode}),
+        pool=_Pool(learnable, alike),  # type: ignore[arg-type]
+        backlog=no_backlog,
+        rng=random.Random(3),
+    )
+    for sha, spread in (("a", True), ("b", False)):
+        for _ in range(SPREAD_WINDOW):
+            orchestrator.record_outcome(sha, 1, 1, 4, spread=spread)
+    draws = 4000
+    share = sum(orchestrator._choose() is learnable for _ in range(draws)) / draws
+    # weights 0.1 + 0.9 x 9/10 = 0.91 and 0.1 + 0.9 x 1/10 = 0.19: a share of 0.83 (sd 0.006)
+    expected = 0.91 / (0.91 + 0.19) if mode == "spread" else 0.5
+    assert abs(share - expected) < 0.03
 
 
 def test_an_over_budget_prompt_lowers_the_ceiling() -> None:
