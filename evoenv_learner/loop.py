@@ -65,7 +65,7 @@ def hangup_handler(then: Callable[[], None]) -> Callable[[], None] | None:
     under `nohup`), which it must stay."""
     if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
         return None
-    terminals = [fd for fd in (1, 2) if os.isatty(fd)]  # a hung-up terminal is no tty any more
+    terminals = _terminals()
 
     def hung_up() -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -77,15 +77,20 @@ def hangup_handler(then: Callable[[], None]) -> Callable[[], None] | None:
     return hung_up
 
 
+def _terminals() -> list[int]:
+    """Which of the standard output and error are on a terminal (a hung-up one is no tty)."""
+    return [fd for fd in (1, 2) if os.isatty(fd)]
+
+
 async def watch_terminal(hung_up: Callable[[], None]) -> None:
     """Call `hung_up` if the terminal on the standard output or error goes away, then return;
     until then, one check a second, until cancelled. A hung-up terminal is no tty any more, and
     a closed terminal does not always signal us: under `ssh -t host make run` the SIGHUP goes
     to the session's leader, make, which dies and leaves `evoenv up` running on a dead
     terminal."""
-    terminals = [fd for fd in (1, 2) if os.isatty(fd)]
+    terminals = _terminals()
     while terminals:
-        if not all(os.isatty(fd) for fd in terminals):
+        if _terminals() != terminals:
             hung_up()
             return
         await asyncio.sleep(1.0)

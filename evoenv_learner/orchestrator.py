@@ -12,9 +12,11 @@ environments whose recent groups at their current level had reward spread: weigh
 `SPREAD_FLOOR` + (1 - `SPREAD_FLOOR`) x (k + 1) / (n + 2) for k of the last n (at most
 `SPREAD_WINDOW`) groups, 0.55 for one not tried yet. The floor keeps every member drawn now
 and then, so one the solver starts to solve (or fail) is noticed; a level that moves starts
-its own count. Generator side: a proposal
-prompt from a few pool members, sent to `propose` (generation), whose candidates go through
-admission; the generation group lands in the stream when its last candidate is done.
+its own count.
+
+Generator side: a proposal prompt from a few pool members, sent to `propose` (generation),
+whose candidates go through admission; the generation group lands in the stream when its last
+candidate is done.
 
 Serving difficulty (beyond the reference design): `search_serving` finds, for each admitted
 environment in turn, the level whose solver pass rate is nearest the target (`difficulty.py`)
