@@ -4,7 +4,7 @@
 run: setup
 	bash scripts/run.sh
 
-test: setup
+test:
 	bash scripts/test.sh
 
 setup:

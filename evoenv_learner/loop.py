@@ -117,7 +117,7 @@ async def run(
     With `parallel` (rank 0 of a torchrun group, see `distributed.py`), the other ranks train
     beside this one: they get the model folder here and the steps through the trainer."""
     from evoenv_learner.checkpoints import latest_checkpoint
-    from evoenv_learner.publisher import PushFailed, ReloadPublisher
+    from evoenv_learner.publisher import PushFailed, ReloadPublisher, push_dtype
     from evoenv_learner.trainer import StepInterrupted, Trainer
     from evoenv_worker.app import configure
     from evoenv_worker.models import prepare_model
@@ -144,7 +144,11 @@ async def run(
         parallel=parallel,
     )
     publisher = ReloadPublisher(
-        settings.vllm_urls, sync_redis, run_dir / "weights", current=model_path
+        settings.vllm_urls,
+        sync_redis,
+        run_dir / "weights",
+        current=model_path,
+        dtype=push_dtype(settings),
     )
     state = LearnerState(version=read_version(sync_redis))
     extra: dict[str, Any] = {}

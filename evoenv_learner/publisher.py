@@ -40,6 +40,7 @@ from evoenv_worker.models import resolve_model_path
 from shared import policy
 from shared.config import Settings
 from shared.errors import EvoEnvError, ServiceUnavailable
+from shared.hardware import cpu_flags, serving_dtype
 
 log = structlog.get_logger(__name__)
 
@@ -405,6 +406,13 @@ class NcclPublisher(_Pusher):
         super().close()
 
 
+def push_dtype(settings: Settings) -> torch.dtype:
+    """The dtype pushed weights are written in: the servers' (`shared.hardware.serving_dtype`;
+    `auto` serves the prepared model's own, bfloat16)."""
+    name = serving_dtype(settings.serve.dtype, gpu=torch.cuda.is_available(), flags=cpu_flags())
+    return torch.bfloat16 if name == "auto" else getattr(torch, name)
+
+
 def make_publisher(
     settings: Settings,
     redis_client: redis.Redis,
@@ -427,4 +435,5 @@ def make_publisher(
         redis_client,
         settings.data_dir / "weights",
         resolve_model_path(settings),
+        dtype=push_dtype(settings),
     )

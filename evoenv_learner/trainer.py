@@ -138,6 +138,7 @@ class Trainer:
         *,
         device: str | torch.device | None = None,
         param_dtype: torch.dtype = torch.float32,
+        autocast_dtype: torch.dtype | None = None,
         temperatures: Mapping[str, float] | None = None,
         gradient_checkpointing: bool | None = None,
         compute_entropy: bool = True,
@@ -153,7 +154,9 @@ class Trainer:
         }
         self.temperatures.update(temperatures or {})
         self.compute_entropy = compute_entropy
-        self.autocast = self.device.type == "cuda" and param_dtype == torch.float32
+        if autocast_dtype is None and self.device.type == "cuda" and param_dtype == torch.float32:
+            autocast_dtype = torch.bfloat16
+        self.autocast_dtype = autocast_dtype
         self.source_dtype = _config_dtype(self.model_path) or param_dtype
         self.step_count = 0
         self.interrupt = threading.Event()
@@ -361,8 +364,8 @@ class Trainer:
         return full.masked_scatter(batch.mask, logprobs), float(entropy.sum().item())
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.autocast:
-            return torch.autocast("cuda", dtype=torch.bfloat16)
+        if self.autocast_dtype is not None:
+            return torch.autocast(self.device.type, dtype=self.autocast_dtype)
         return contextlib.nullcontext()
 
     def _logits(self, model: Any, batch: _Batch) -> torch.Tensor:

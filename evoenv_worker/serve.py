@@ -35,6 +35,7 @@ import structlog
 
 from shared.config import Settings
 from shared.errors import ServiceUnavailable
+from shared.hardware import cpu_flags, describe, serving_dtype
 
 log = structlog.get_logger(__name__)
 
@@ -46,6 +47,13 @@ def on_gpu() -> bool:
     import torch
 
     return bool(torch.cuda.is_available())
+
+
+def dtype_choice(settings: Settings, *, gpu: bool) -> str:
+    """The server's dtype and why, in words: "dtype float32 (CPU with no native bfloat16 ...)"."""
+    flags = cpu_flags()
+    dtype = serving_dtype(settings.serve.dtype, gpu=gpu, flags=flags)
+    return describe(dtype, gpu=gpu, flags=flags, given=settings.serve.dtype)
 
 
 def max_len_for(model_path: Path, wanted: int) -> int:
@@ -73,7 +81,7 @@ def server_command(
         "--host", serve.host,
         "--port", str(port or serve.port),
         "--max-model-len", str(max_len_for(model_path, serve.max_model_len)),
-        "--dtype", serve.dtype,
+        "--dtype", serving_dtype(serve.dtype, gpu=gpu, flags=cpu_flags()),
         "--logprobs-mode", "processed_logprobs",
         "--enable-scale-out",
     ]  # fmt: skip

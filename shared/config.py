@@ -78,8 +78,9 @@ class ServeSettings(BaseModel):
     """KV cache size in whole GiB on the CPU (VLLM_CPU_KVCACHE_SPACE); ignored on a GPU."""
     max_model_len: int = Field(16384, ge=256)
     """Longest prompt plus completion, in tokens; capped at what the model supports."""
-    dtype: str = "bfloat16"
-    """Weight and activation dtype of the server (`auto`, `bfloat16`, `float16`, `float32`)."""
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] | None = None
+    """Weight and activation dtype of the server, and of the weights the learner pushes to it;
+    unset: bfloat16 on a GPU or a CPU with AMX or AVX512-BF16, float32 on other CPUs."""
     extra_args: Annotated[list[str], NoDecode] = []
     """More vLLM arguments, space-separated, e.g. `--max-num-seqs 64`."""
     start_timeout: float = Field(300.0, gt=0)

@@ -7,6 +7,7 @@ failure, never a skip.
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -91,3 +92,17 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
     client.flushall()
     client.close()
     yield redis_server.url
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    """Write the test about to run to EVOENV_CURRENT_TEST_FILE, where `scripts/test.sh` set it:
+    a run stopped at the suite's time budget names the test it was in."""
+    path = os.environ.get("EVOENV_CURRENT_TEST_FILE")
+    if path:
+        Path(path).write_text(nodeid + "\n")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests on the shared end-to-end cluster (`tests/e2e/conftest.py`) run last, together:
+    the cluster starts once, after every test that starts a large server of its own."""
+    items.sort(key=lambda item: "cluster" in getattr(item, "fixturenames", ()))

@@ -61,7 +61,7 @@ def serve(
 ) -> None:
     """Start vLLM's OpenAI-compatible server on the configured model, until stopped."""
     from evoenv_worker.models import prepare_model
-    from evoenv_worker.serve import start_server
+    from evoenv_worker.serve import dtype_choice, on_gpu, start_server
 
     settings: Settings = ctx.obj
     updates = {k: v for k, v in {"port": port, "host": host}.items() if v is not None}
@@ -81,7 +81,10 @@ def serve(
         raise typer.Exit(128 + signum)
 
     signal.signal(signal.SIGTERM, _stop)
-    typer.echo(f"serving {settings.model} at {server.url}/v1 (OpenAI-compatible)")
+    typer.echo(
+        f"serving {settings.model} at {server.url}/v1 (OpenAI-compatible), "
+        + dtype_choice(settings, gpu=on_gpu())
+    )
     try:
         code = server.process.wait()
     except KeyboardInterrupt:

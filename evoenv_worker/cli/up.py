@@ -39,6 +39,8 @@ def up(
 ) -> None:
     """Run everything on this machine: Redis, vLLM, workers, Flower and the learner."""
     settings: Settings = ctx.obj
+    from evoenv_worker.serve import dtype_choice, on_gpu
+
     applied = apply_cpu_sizes()
     if applied:
         settings = Settings()
@@ -48,6 +50,7 @@ def up(
             + "); set any of them to override",
             markup=False,
         )
+    out.print(f"vLLM: {dtype_choice(settings, gpu=on_gpu())}", markup=False)
     if steps is not None:
         settings = settings.model_copy(
             update={"learner": settings.learner.model_copy(update={"steps": steps})}

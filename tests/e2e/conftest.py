@@ -1,6 +1,11 @@
 """End-to-end fixtures: the embedded model (Qwen2.5-Coder-0.5B-Instruct) served by vLLM, a
-private Redis, and real worker processes on every queue. Slow: CI runs them. The cluster is
-per module, so that no two vLLM servers and trainers share the machine's memory at once."""
+private Redis, and real worker processes on every queue. Slow: CI runs them.
+
+One cluster serves every module that asks for `cluster` (starting one takes a minute); each
+such module gets it back as a fresh one starts (`Cluster.reset`). The tests that use it run
+last in the session (`tests/conftest.py`), after those that start servers of their own
+(`test_up.py`, `tests/model/`), so that no two vLLM servers and trainers of the large model
+share the machine's memory at once."""
 
 from __future__ import annotations
 
@@ -34,8 +39,10 @@ def _drop_weight_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
                 (Path(folder) / name).unlink(missing_ok=True)
 
 
-@pytest.fixture(scope="module")
-def cluster(redis_server: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+@pytest.fixture(scope="session")
+def shared_cluster(
+    redis_server: object, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
     folder = tmp_path_factory.mktemp("e2e")
     port = free_port()
     env = {
@@ -74,8 +81,15 @@ def cluster(redis_server: object, tmp_path_factory: pytest.TempPathFactory) -> I
             )
     time.sleep(5)
     try:
-        yield Cluster(env, folder, server, workers)
+        yield Cluster(env, folder, server, workers, model)
     finally:
         for worker in workers:
             kill_group(worker)
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(shared_cluster: Cluster) -> Cluster:
+    """The session's cluster, as a fresh one starts (a module before may have trained)."""
+    shared_cluster.reset()
+    return shared_cluster

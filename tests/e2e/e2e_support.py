@@ -20,6 +20,8 @@ class Cluster:
     folder: Path
     server: VllmServer
     workers: list[subprocess.Popen[bytes]]
+    model: Path
+    """The prepared model folder the server started on."""
 
     def settings(self) -> Settings:
         saved = dict(os.environ)
@@ -29,6 +31,28 @@ class Cluster:
         finally:
             os.environ.clear()
             os.environ.update(saved)
+
+    def reset(self) -> None:
+        """Back to how a fresh cluster starts: the server serves the prepared model's weights
+        (a module before may have pushed its own) and Redis holds no policy version."""
+        import httpx
+        import redis
+
+        from evoenv_learner.publisher import ServerControl
+        from shared import keys
+
+        with httpx.Client(timeout=httpx.Timeout(600.0, connect=5.0)) as http:
+            server = ServerControl(self.server.url, http)
+            server.pause()
+            try:
+                server.reload(self.model)
+                server.reset_prefix_cache()
+                server.label(0)
+            finally:
+                server.resume()
+        client = redis.Redis.from_url(self.env["EVOENV_REDIS_URL"])
+        client.delete(keys.POLICY_VERSION)
+        client.close()
 
 
 def evoenv(*args: str) -> list[str]:

@@ -1,9 +1,10 @@
 """It learns: a few GRPO steps on one seed raise the served policy's reward on held-out instances.
 
 Everything is real: the embedded default model (Qwen2.5-Coder-0.5B-Instruct) served by vLLM on
-the CPU (the module's `cluster`, shared with nothing else), Redis, the worker processes that
-sample, complete and grade in the sandbox, and `evoenv learner`, which pushes its weights into
-that server after every step, so that the evaluation after training measures the trained policy.
+the CPU (the e2e `cluster`, serving the prepared weights when this module starts), Redis, the
+worker processes that sample, complete and grade in the sandbox, and `evoenv learner`, which
+pushes its weights into that server after every step, so that the evaluation after training
+measures the trained policy.
 
 Seed and difficulty. `edit_distance` at difficulty 1 (strings of 3 to 5 letters over "abc"),
 chosen by measuring the greedy pass rate of the untrained model on held-out instances of the

@@ -1,9 +1,11 @@
-"""`evoenv up --steps 3` with the default settings on a clean data folder: every component
-starts, a generator group reaches the trainer, three optimiser steps run, the policy version
-advances, the report is written, and nothing is left running. In the same run, once the first
-step is done, the vLLM server and the grading worker are killed with SIGKILL: the supervisor
-restarts both, the learner pushes its weights to the restarted server, and the run goes on.
-(One run for both: on two cores a run takes most of twenty minutes.)"""
+"""`evoenv up` on a clean data folder, stopped with Ctrl-C: every component starts, both roles
+are trained (at least three optimiser steps, one with a generator group in its batch: its
+metrics row has the generator's rewards), the policy version advances, the report is written,
+and nothing is left running. In the same run, once the first step is done, the vLLM server and
+the grading worker are killed with SIGKILL: the supervisor restarts both, the learner pushes
+its weights to the restarted server, and the run goes on. Default settings (those `up` applies
+on a CPU), except where `UP_ENV` says why. (One run for all of it: on two cores it takes about
+ten minutes.)"""
 
 from __future__ import annotations
 
@@ -55,54 +57,101 @@ def up_env(data_dir: Path, **extra: str) -> dict[str, str]:
     return {**env, "EVOENV_DATA_DIR": str(data_dir), "EVOENV_LOG_FORMAT": "json", **extra}
 
 
-def _watch_and_kill(
-    proc: subprocess.Popen[bytes], data_dir: Path, log: Path
-) -> tuple[set[int], dict[str, int]]:
-    """Follow `up` until it ends, recording every descendant; once the first step is logged,
-    SIGKILL the vLLM server and the grading worker (each a process group)."""
+UP_ENV = {
+    # The claims are about the system, not the solver's skill: solver groups come from a seed
+    # the untrained model answers in a few tokens with mixed outcomes (edit_distance at
+    # difficulty 1: about a quarter right), so groups with reward spread, and steps, come
+    # within minutes instead of the quarter of an hour the whole pool at its easiest takes.
+    "EVOENV_LEARNER__ENVIRONMENTS": '["edit_distance"]',
+    "EVOENV_LEARNER__DIFFICULTY": "1",
+    "EVOENV_GRPO__MAX_TOKENS": "64",
+    # A generation group's admission takes minutes on two cores, while solver steps come about
+    # a minute apart: its versions must still be trainable when it arrives.
+    "EVOENV_LEARNER__MAX_STALENESS": "64",
+}
+DEADLINE = 13 * 60
+"""Seconds the run may take to reach everything `_watch` waits for."""
+
+
+def _watch(
+    proc: subprocess.Popen[bytes], data_dir: Path
+) -> tuple[set[int], dict[str, int], list[str]]:
+    """Follow `up`, recording every descendant. Once the first step is logged, SIGKILL the
+    vLLM server and the grading worker (each a process group). Once three steps are logged,
+    a generator group was trained and a push reached the restarted server, stop `up` as
+    Ctrl-C does (SIGINT). Returns the descendants, the killed children's pids, and what was
+    still missing when the deadline came (empty when everything came)."""
     ever: set[int] = set()
     killed: dict[str, int] = {}
     learner_log = data_dir / "runs" / "default" / "logs" / "learner.log"
-    deadline = time.monotonic() + 40 * 60
+    deadline = time.monotonic() + DEADLINE
+    missing = ["the first step"]
     while proc.poll() is None and time.monotonic() < deadline:
         ever |= descendants(proc.pid)
-        if not killed and learner_log.exists():
-            seen_so_far = events(learner_log)
-            if any(e.get("event") == "train_step" for e in seen_so_far):
-                pids = {
-                    e["child"]: int(str(e["pid"]))
-                    for e in seen_so_far
-                    if e.get("event") == "child_started"
-                }
-                for name in ("vllm", "worker-grading"):
-                    os.killpg(pids[name], signal.SIGKILL)
-                    killed[name] = pids[name]
+        seen = events(learner_log) if learner_log.exists() else []
+        steps = [e for e in seen if e.get("event") == "train_step"]
+        if steps and not killed:
+            pids = {
+                e["child"]: int(str(e["pid"])) for e in seen if e.get("event") == "child_started"
+            }
+            for name in ("vllm", "worker-grading"):
+                os.killpg(pids[name], signal.SIGKILL)
+                killed[name] = pids[name]
+        missing = _missing(seen)
+        if not missing:
+            os.kill(proc.pid, signal.SIGINT)
+            break
         time.sleep(2)
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail(f"evoenv up --steps 3 did not finish in 40 min:\n{log.read_text()[-5000:]}")
-    return ever, killed
+    end = time.monotonic() + 180
+    while proc.poll() is None and time.monotonic() < end:
+        ever |= descendants(proc.pid)
+        time.sleep(1)
+    return ever, killed, missing
 
 
-@pytest.mark.timeout(50 * 60)
-def test_up_runs_three_steps_and_leaves_nothing(data_dir: Path, tmp_path: Path) -> None:
+def _missing(seen: list[dict[str, object]]) -> list[str]:
+    """What `_watch` still waits for, in words."""
+    steps = [e for e in seen if e.get("event") == "train_step"]
+    missing = []
+    if len(steps) < 3:
+        missing.append(f"three steps ({len(steps)} so far)")
+    if not any(e.get("reward_mean_generator") is not None for e in steps):
+        missing.append("a trained generator group")
+    back = [e for e in seen if e.get("event") == "child_restarted" and e.get("child") == "vllm"]
+    if not back or not any(
+        str(e["timestamp"]) > str(back[0]["timestamp"])
+        for e in seen
+        if e.get("event") == "weights_published"
+    ):
+        missing.append("a push to the restarted server")
+    return missing
+
+
+@pytest.mark.timeout(DEADLINE + 10 * 60)
+def test_up_trains_both_roles_survives_kills_and_leaves_nothing(
+    data_dir: Path, tmp_path: Path
+) -> None:
     log = tmp_path / "up.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            evoenv("up", "--steps", "3"),
-            env=up_env(data_dir),
+            evoenv("up"),
+            env=up_env(data_dir, **UP_ENV),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     try:
-        ever, killed = _watch_and_kill(proc, data_dir, log)
+        ever, killed, missing = _watch(proc, data_dir)
     finally:
         if proc.poll() is None:  # the test failed or was interrupted: take everything down
             for pid in descendants(proc.pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             os.killpg(proc.pid, signal.SIGKILL)
+    assert not missing, (
+        f"after {DEADLINE // 60} min, still waiting for: {', '.join(missing)}\n"
+        + log.read_text(errors="replace")[-5000:]
+    )
     text = log.read_text(errors="replace")
     assert proc.returncode == 0, text[-5000:]
     run_logs = sorted((data_dir / "runs" / "default" / "logs").glob("*.log"))
@@ -133,18 +182,14 @@ def test_up_runs_three_steps_and_leaves_nothing(data_dir: Path, tmp_path: Path) 
         if e.get("event") == "weights_published"
     ), "no push reached the restarted server"
     steps = [e for e in seen if e.get("event") == "train_step"]
-    assert [e["step"] for e in steps] == [1, 2, 3]
+    assert [e["step"] for e in steps] == list(range(1, len(steps) + 1)) and len(steps) >= 3
     # Off a terminal (here a file), the live table is one line a step.
     for step in (1, 2, 3):
         assert f"step {step}  version " in text, f"no progress line for step {step}"
     pushes = [e for e in seen if e.get("event") == "weights_published"]
     assert len(pushes) >= 2 and pushes[-1]["version"] > pushes[0]["version"]
-    generator = [e for e in seen if e.get("event") in {"generation_group_done"}]
-    assert generator, "no generation group completed"
-    consumed = any(
-        e.get("event") == "group_skipped" and e.get("role") == "generator" for e in seen
-    ) or any((e.get("reward_mean_generator") is not None) for e in steps)
-    assert consumed, "no generator group reached the trainer"
+    assert any(e.get("event") == "generation_group_done" for e in seen)
+    assert any(e.get("reward_mean_generator") is not None for e in steps)
     report = data_dir / "runs" / "default" / "report"
     assert (report / "report.md").is_file()
     pngs = sorted(report.glob("*.png"))
@@ -156,7 +201,10 @@ def test_up_runs_three_steps_and_leaves_nothing(data_dir: Path, tmp_path: Path) 
             and len({float(v) for v in pixels.reshape(-1)[:: max(1, pixels.size // 5000)]}) > 1
         )
     archive = Archive(f"sqlite:///{data_dir / 'archive.db'}")
-    assert len(archive.metrics("default", "train")) == 3
+    rows = archive.metrics("default", "train")
+    assert len(rows) == len(steps)
+    # a generator group trained: its step's metrics row has the generator's rewards
+    assert any(row.values.get("reward_mean_generator") is not None for row in rows)
     time.sleep(2)
     alive = {pid for pid in ever if Path(f"/proc/{pid}").exists()}
     assert not alive, f"processes left behind: {sorted(alive)}"

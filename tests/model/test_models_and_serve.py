@@ -14,6 +14,7 @@ from evoenv_worker.models import EMBEDDED, PackageFile, prepare_model, resolve_m
 from evoenv_worker.serve import max_len_for, server_command, server_env
 from shared.config import ServeSettings, Settings
 from shared.errors import UsageError
+from shared.hardware import cpu_dtype, cpu_flags
 
 
 def test_registry_pins_versions_and_hashes() -> None:
@@ -76,6 +77,13 @@ def test_server_command_and_environment(tmp_path: Path) -> None:
     assert "--enforce-eager" in command and "--enable-scale-out" in command
     assert command[-2:] == ["--max-num-seqs", "64"]
     assert "--enforce-eager" not in server_command(settings, tmp_path, gpu=True)
+    # the dtype: chosen from this CPU's flags unless given; bfloat16 on a GPU
+    assert flags["--dtype"] == cpu_dtype(cpu_flags())
+    gpu_flags = server_command(settings, tmp_path, gpu=True)
+    assert gpu_flags[gpu_flags.index("--dtype") + 1] == "bfloat16"
+    given = settings.model_copy(update={"serve": ServeSettings(dtype="float32")})
+    given_flags = server_command(given, tmp_path, gpu=True)
+    assert given_flags[given_flags.index("--dtype") + 1] == "float32"
     env = server_env(settings)
     assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "3"
     assert max_len_for(tmp_path / "nowhere", 4096) == 4096
