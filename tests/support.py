@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
@@ -16,3 +17,17 @@ def missing(what: str) -> None:
     if IN_CI:
         pytest.fail(f"{what} (required under CI=true)")
     pytest.skip(what)
+
+
+def without_read_override() -> list[str]:
+    """A command prefix under which a file of mode 000 cannot be read: [] for a user that is
+    not root; for root, `setpriv` dropping the two capabilities that override file permissions.
+
+    The command keeps uid 0 rather than switching to an unprivileged uid, so that it reaches
+    the checkout and its interpreter wherever root installed them (a virtual environment whose
+    base interpreter lives in root's home folder, mode 700, is not runnable as nobody)."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        missing("setpriv (util-linux) is not installed: root would read any file")
+    return ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search", "--"]
