@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -30,4 +33,14 @@ def without_read_override() -> list[str]:
         return []
     if shutil.which("setpriv") is None:
         missing("setpriv (util-linux) is not installed: root would read any file")
-    return ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search", "--"]
+    prefix = ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search", "--"]
+    tried = subprocess.run([*prefix, "true"], capture_output=True, text=True, check=False)
+    if tried.returncode != 0:
+        missing(f"setpriv cannot drop capabilities here: {tried.stderr.strip()}")
+    return prefix
+
+
+def cannot_open(path: Path, prefix: list[str]) -> bool:
+    """Whether a command run after `prefix` is refused opening `path` for reading."""
+    code = f"try: open({str(path)!r}, 'rb')\nexcept PermissionError: raise SystemExit(13)"
+    return subprocess.run([*prefix, sys.executable, "-c", code], check=False).returncode == 13

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import missing, without_read_override
+from support import cannot_open, missing, without_read_override
 from typer.testing import CliRunner
 
 from evoenv_worker.cli import app
@@ -196,12 +196,7 @@ def test_a_file_without_read_permission_is_one_line_and_exit_2(
     command: str, paths: dict[str, Path], env: dict[str, str]
 ) -> None:
     locked, prefix = paths["locked"], without_read_override()
-    probe = subprocess.run(
-        [*prefix, sys.executable, "-c", f"open({str(locked)!r}, 'rb')"],
-        capture_output=True,
-        check=False,
-    )
-    assert probe.returncode != 0, "the file is readable: the case would test nothing"
+    assert cannot_open(locked, prefix), "the file is readable: the case would test nothing"
     run = evoenv(*COMMANDS[command], locked, env=env, prefix=prefix)
     assert run.returncode == EXIT_USAGE, (run.stdout, run.stderr)
     assert run.stdout == ""

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import missing, without_read_override
+from support import cannot_open, missing, without_read_override
 
 from evoenv_worker.sandbox.host import Sandbox
 from evoenv_worker.validate import validate_source
@@ -315,12 +315,7 @@ def test_cli_unreadable_path_is_a_usage_error(kind: str, tmp_path: Path) -> None
         path.write_bytes(_sound_source())
         path.chmod(0)
         prefix = without_read_override()  # as root, without root's permission override
-        probe = subprocess.run(
-            [*prefix, sys.executable, "-c", f"open({str(path)!r}, 'rb')"],
-            capture_output=True,
-            check=False,
-        )
-        assert probe.returncode != 0, "the file is readable: the case would test nothing"
+        assert cannot_open(path, prefix), "the file is readable: the case would test nothing"
     result = evoenv("validate", "--json", path, prefix=prefix)
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert result.stdout == ""
