@@ -5,20 +5,20 @@ A path that cannot be read as a file (a directory, a FIFO, a device, no permissi
 line on stderr and exit 2, before any file is judged; a FIFO never blocks. A regular file is
 read up to the source size limit plus one byte: a multi-GB file or one that is not UTF-8 is a
 candidate that fails L1 (for `sample`, which judges nothing, one line and exit 2). Every run's
-peak memory (its own and its children's, from `wait4`) stays far below the multi-GB file's
-size. Each command runs under an address-space cap, so that a reader that is not bounded fails
-here at once instead of exhausting the machine.
+peak memory (its own and its children's) stays far below the multi-GB file's size. Each
+command runs under an address-space cap, so that a reader that is not bounded fails here at
+once instead of exhausting the machine.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,39 +56,55 @@ class Run:
     peak_bytes: int
 
 
+MEASURED = """\
+import resource, subprocess, sys
+code = subprocess.run(sys.argv[2:], check=False).returncode
+with open(sys.argv[1], "w") as f:
+    f.write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))
+sys.exit(code)
+"""
+"""Runs a command, then writes its peak resident memory (KiB, its children's included). It is
+measured from this small process because a child's peak counts the memory of the process it
+was forked from, and the test process may have grown large."""
+
+
 def evoenv(*args: str | Path, env: dict[str, str], prefix: list[str] | None = None) -> Run:
-    """`evoenv ARGS` in a subprocess under the address-space cap; its peak memory from wait4."""
-    command = [
-        *(prefix or []),
-        "prlimit",
-        f"--as={ADDRESS_SPACE}",
-        "--",
-        sys.executable,
-        "-c",
-        "from evoenv_worker.cli import main; main()",
-        *map(str, args),
-    ]
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(command, stdout=out, stderr=err, cwd=REPO, env=env)
-        deadline = time.monotonic() + SECONDS
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        while pid == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid == 0:
-            proc.kill()
-            os.wait4(proc.pid, 0)
-            proc.returncode = -9
-            pytest.fail(f"evoenv {' '.join(map(str, args))} still ran after {SECONDS:.0f} s")
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        return Run(
-            proc.returncode,
-            out.read().decode("utf-8", "replace"),
-            err.read().decode("utf-8", "replace"),
-            usage.ru_maxrss * 1024,
-        )
+    """`evoenv ARGS` in a subprocess under the address-space cap, with its peak memory."""
+    with tempfile.TemporaryDirectory() as folder:
+        folder_path = Path(folder)
+        peak = folder_path / "peak"
+        command = [
+            *(prefix or []),
+            sys.executable,
+            "-c",
+            MEASURED,
+            str(peak),
+            "prlimit",
+            f"--as={ADDRESS_SPACE}",
+            "--",
+            sys.executable,
+            "-c",
+            "from evoenv_worker.cli import main; main()",
+            *map(str, args),
+        ]
+        with (folder_path / "out").open("w+b") as out, (folder_path / "err").open("w+b") as err:
+            proc = subprocess.Popen(
+                command, stdout=out, stderr=err, cwd=REPO, env=env, start_new_session=True
+            )
+            try:
+                returncode = proc.wait(SECONDS)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                pytest.fail(f"evoenv {' '.join(map(str, args))} still ran after {SECONDS:.0f} s")
+            out.seek(0)
+            err.seek(0)
+            return Run(
+                returncode,
+                out.read().decode("utf-8", "replace"),
+                err.read().decode("utf-8", "replace"),
+                int(peak.read_text()) * 1024,
+            )
 
 
 def _closed_port() -> int:
