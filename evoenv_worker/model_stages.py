@@ -33,7 +33,8 @@ log = structlog.get_logger(__name__)
 
 
 def review_stage(client: InferenceClient, job: StageJob, settings: Settings) -> StageReport:
-    """K reviews with a structured verdict; any reject (or unreadable verdict) rejects."""
+    """K reviews with a structured verdict; any reject (or unreadable verdict) rejects, and so
+    do fewer than K verdicts. A request that fails raises: the stage could not run (`error`)."""
     started = time.perf_counter()
     a = settings.admission
     sampling = Sampling(
@@ -44,9 +45,10 @@ def review_stage(client: InferenceClient, job: StageJob, settings: Settings) -> 
     )
     completions = client.chat(review_messages(job.env.source, job.trace), sampling)  # the reviewer
     verdicts = [parse_verdict(c.text) for c in completions]
-    ok, detail = summarise(verdicts)
+    ok, detail = summarise(verdicts, a.reviews)
     data = {
-        "verdicts": [{"accept": v.accept, "readable": v.readable, "bug": v.bug} for v in verdicts]
+        "reviews": a.reviews,
+        "verdicts": [{"accept": v.accept, "readable": v.readable, "bug": v.bug} for v in verdicts],
     }
     return StageReport(
         stage="review",

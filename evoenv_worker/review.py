@@ -3,8 +3,8 @@
 Each review walks the data flow across the routines, traces one real instance (its prompt and
 reference, from the sandbox), checks the algorithm and checks the scorer, and ends with a JSON
 verdict (constrained decoding on servers that support it). Any review that finds a likely bug,
-or whose verdict cannot be read, rejects the candidate. Verdicts gate the pool; they never
-enter the generator's reward.
+or whose verdict cannot be read, rejects the candidate, and so do fewer than K verdicts.
+Verdicts gate the pool; they never enter the generator's reward.
 """
 
 from __future__ import annotations
@@ -107,8 +107,10 @@ def _load_object(text: str) -> dict[str, Any] | None:
     return None
 
 
-def summarise(verdicts: list[ReviewVerdict]) -> tuple[bool, str]:
-    """(passes, detail): passes only when every review accepts and is readable."""
+def summarise(verdicts: list[ReviewVerdict], expected: int) -> tuple[bool, str]:
+    """(passes, detail): passes only when `expected` (K) reviews came back, every one readable
+    and accepting; a review that did not come back counts as a reject (the stage fails closed)."""
     rejects = [v for v in verdicts if not (v.readable and v.accept)]
-    detail = "; ".join(f"review {i + 1}: {v.reason}" for i, v in enumerate(verdicts))
-    return (not rejects and bool(verdicts)), detail
+    parts = [f"review {i + 1}: {v.reason}" for i, v in enumerate(verdicts)]
+    parts += [f"review {i + 1}: no verdict came back" for i in range(len(verdicts), expected)]
+    return (not rejects and bool(verdicts) and len(verdicts) >= expected), "; ".join(parts)

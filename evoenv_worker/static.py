@@ -73,7 +73,8 @@ def check_static(data: bytes, max_bytes: int) -> StaticResult:
     if not data.strip():
         return StaticResult(False, "the file is empty")
     if len(data) > max_bytes:
-        return StaticResult(False, f"the file is {len(data)} bytes; the limit is {max_bytes}")
+        # "more than": a file named on the command line is read only up to the limit + 1 byte.
+        return StaticResult(False, f"the file has more than {max_bytes} bytes (the limit)")
     try:
         source = data.decode("utf-8-sig")  # a byte-order mark is valid UTF-8 too
     except UnicodeDecodeError as exc:

@@ -36,8 +36,8 @@ class SandboxSettings(BaseModel):
 class ValidationSettings(BaseModel):
     """Thresholds of the mechanical admission stages L1-L5 (CONTRACT.md section 3)."""
 
-    max_source_bytes: int = 64 * 1024
-    """L1: largest environment file, in bytes."""
+    max_source_bytes: int = Field(64 * 1024, ge=1)
+    """L1: largest environment file, in bytes; the CLI reads at most this plus one byte of one."""
     seeds: int = 8
     """L2-L5: seeds tested at each of the min, middle and max difficulty."""
     max_prompt_bytes: int = 16 * 1024

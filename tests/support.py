@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,3 +20,27 @@ def missing(what: str) -> None:
     if IN_CI:
         pytest.fail(f"{what} (required under CI=true)")
     pytest.skip(what)
+
+
+def without_read_override() -> list[str]:
+    """A command prefix under which a file of mode 000 cannot be read: [] for a user that is
+    not root; for root, `setpriv` dropping the two capabilities that override file permissions.
+
+    The command keeps uid 0 rather than switching to an unprivileged uid, so that it reaches
+    the checkout and its interpreter wherever root installed them (a virtual environment whose
+    base interpreter lives in root's home folder, mode 700, is not runnable as nobody)."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        missing("setpriv (util-linux) is not installed: root would read any file")
+    prefix = ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search", "--"]
+    tried = subprocess.run([*prefix, "true"], capture_output=True, text=True, check=False)
+    if tried.returncode != 0:
+        missing(f"setpriv cannot drop capabilities here: {tried.stderr.strip()}")
+    return prefix
+
+
+def cannot_open(path: Path, prefix: list[str]) -> bool:
+    """Whether a command run after `prefix` is refused opening `path` for reading."""
+    code = f"try: open({str(path)!r}, 'rb')\nexcept PermissionError: raise SystemExit(13)"
+    return subprocess.run([*prefix, sys.executable, "-c", code], check=False).returncode == 13

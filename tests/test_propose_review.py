@@ -242,11 +242,11 @@ def test_any_reject_or_unreadable_review_rejects() -> None:
     ok = parse_verdict('{"verdict": "accept", "bug": ""}')
     bad = parse_verdict('{"verdict": "reject", "bug": "off by one"}')
     unreadable = parse_verdict("no idea")
-    assert summarise([ok, ok, ok])[0]
-    assert not summarise([ok, bad, ok])[0]
-    passes, detail = summarise([ok, ok, unreadable])
+    assert summarise([ok, ok, ok], 3)[0]
+    assert not summarise([ok, bad, ok], 3)[0]
+    passes, detail = summarise([ok, ok, unreadable], 3)
     assert not passes and "could not be read" in detail
-    assert not summarise([])[0]
+    assert not summarise([], 3)[0]
 
 
 def test_review_prompt_carries_the_traced_instance() -> None:

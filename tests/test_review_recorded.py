@@ -55,6 +55,6 @@ def test_any_reject_or_unreadable_review_rejects_the_candidate() -> None:
         triples[(record["file"], record["mode"])].append(record["text"])
     for texts in triples.values():
         verdicts = [parse_verdict(text) for text in texts]
-        ok, detail = summarise(verdicts)
+        ok, detail = summarise(verdicts, len(texts))
         assert ok == all(v.readable and v.accept for v in verdicts)
         assert detail.count("review ") == len(texts)

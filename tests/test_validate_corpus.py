@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import missing
+from support import cannot_open, missing, without_read_override
 
 from evoenv_worker.sandbox.host import Sandbox
 from evoenv_worker.validate import validate_source
@@ -203,16 +203,17 @@ def test_validator_admits_utf8_with_bom(sandbox: Sandbox, settings: Settings) ->
 
 
 def evoenv(
-    *args: str | Path, env: dict[str, str] | None = None
+    *args: str | Path, env: dict[str, str] | None = None, prefix: list[str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run the `evoenv` console script of this interpreter in a real subprocess (or, where the
-    script cannot be executed, its entry point `evoenv_worker.cli:main` through this interpreter)."""
+    script cannot be executed, its entry point `evoenv_worker.cli:main` through this interpreter),
+    after `prefix` (e.g. `without_read_override()`) when given."""
     environment = {**os.environ, **(env or {})}
     arguments = [str(arg) for arg in args]
 
     def run(command: list[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            command,
+            [*(prefix or []), *command],
             capture_output=True,
             text=True,
             timeout=180,
@@ -309,12 +310,13 @@ def test_cli_unreadable_path_is_a_usage_error(kind: str, tmp_path: Path) -> None
     path = tmp_path / "environment.py"
     if kind == "directory":
         path.mkdir()
-    elif kind == "no_permission":
-        if os.geteuid() == 0:
-            pytest.skip("root reads files whatever their mode")
+    prefix: list[str] = []
+    if kind == "no_permission":
         path.write_bytes(_sound_source())
         path.chmod(0)
-    result = evoenv("validate", "--json", path)
+        prefix = without_read_override()  # as root, without root's permission override
+        assert cannot_open(path, prefix), "the file is readable: the case would test nothing"
+    result = evoenv("validate", "--json", path, prefix=prefix)
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert result.stdout == ""
     assert "Traceback" not in result.stderr

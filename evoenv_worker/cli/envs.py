@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from evoenv_worker.cli.source_file import read_source, source_text
 from evoenv_worker.sandbox.host import Sandbox
 from shared.config import Settings
 from shared.environment import build_prompt
@@ -38,15 +40,34 @@ def seed_files(settings: Settings) -> list[Path]:
 
 
 def resolve_env(settings: Settings, env: str) -> Path:
-    """A file path, or the name of a seed."""
+    """A file path, or the name of a seed (a regular file of that path wins over a seed)."""
     path = Path(env)
-    if path.is_file():
+    if _is_file(path):
         return path
     seed = settings.seeds_dir / f"{env}.py"
     if seed.is_file():
         return seed
+    if _is_there(path):  # a directory, a FIFO, a file behind a folder this user cannot enter
+        return path
     names = ", ".join(p.stem for p in seed_files(settings))
     raise UsageError(f"unknown environment {env!r}: give a file path or a seed name ({names})")
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _is_there(path: Path) -> bool:
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True  # there, but out of reach: reading it says why
+    return True
 
 
 def _sandbox_or_exit(settings: Settings) -> Sandbox:
@@ -59,8 +80,8 @@ def _sandbox_or_exit(settings: Settings) -> Sandbox:
     return sandbox
 
 
-def _describe(sandbox: Sandbox, path: Path) -> dict[str, Any]:
-    (result,) = sandbox.run(path.read_text("utf-8"), [{"op": "describe"}], filename=path.name)
+def _describe(sandbox: Sandbox, path: Path, source: str) -> dict[str, Any]:
+    (result,) = sandbox.run(source, [{"op": "describe"}], filename=path.name)
     if not result.ok:
         raise UsageError(f"{path}: the environment cannot be loaded: {result.reason}")
     return dict(result.value)
@@ -75,7 +96,7 @@ def seeds(
     rows = []
     with _sandbox_or_exit(settings) as sandbox:
         for path in seed_files(settings):
-            rows.append({"file": str(path), **_describe(sandbox, path)})
+            rows.append({"file": str(path), **_describe(sandbox, path, path.read_text("utf-8"))})
     if as_json:
         for row in rows:
             out.print(json.dumps(row), markup=False)
@@ -105,14 +126,16 @@ def sample(
     """Sample one instance: the prompt the solver sees, the reference and its answer text."""
     settings: Settings = ctx.obj
     path = resolve_env(settings, env)
+    limit = settings.validation.max_source_bytes
+    source = source_text(path, read_source(path, limit), limit)
     with _sandbox_or_exit(settings) as sandbox:
-        meta = _describe(sandbox, path)
+        meta = _describe(sandbox, path, source)
         lo, hi = meta["min_difficulty"], meta["max_difficulty"]
         level = (lo + hi) // 2 if difficulty is None else difficulty
         if not lo <= level <= hi:
             raise UsageError(f"difficulty {level} is outside {meta['name']}'s range {lo}-{hi}")
         op = {"op": "instance", "seed": seed, "difficulty": level}
-        (result,) = sandbox.run(path.read_text("utf-8"), [op], filename=path.name)
+        (result,) = sandbox.run(source, [op], filename=path.name)
     if not result.ok:
         err.print(
             f"error: {meta['name']} failed at seed {seed}, difficulty {level}: {result.reason}"
@@ -172,7 +195,8 @@ def validate(
         for s, on in (("review", review), ("calibration", calibrate), ("novelty", novelty))
         if on or all_stages
     ]
-    blobs = [(path, _read(path)) for path in files]
+    limit = settings.validation.max_source_bytes
+    blobs = [(path, read_source(path, limit)) for path in files]
     if queue:
         from evoenv_worker.cli.cluster import validate_on_queue
 
@@ -237,19 +261,6 @@ def exit_code(reports: list[ValidationReport]) -> int:
     if "error" in verdicts:
         return EXIT_ERROR
     return EXIT_REJECTED if "rejected" in verdicts else EXIT_ADMITTED
-
-
-def _read(path: Path) -> bytes:
-    if path.is_dir():
-        raise UsageError(f"{path} is a directory, not an environment file")
-    if not path.exists():
-        raise UsageError(f"{path}: no such file")
-    if not os.access(path, os.R_OK):
-        raise UsageError(f"{path}: permission denied")
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot be read ({exc.strerror})") from exc
 
 
 def _progress(path: Path) -> Any:

@@ -9,7 +9,8 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from evoenv_worker.cli.envs import _read, exit_code, out, print_report
+from evoenv_worker.cli.envs import exit_code, out, print_report
+from evoenv_worker.cli.source_file import read_source
 from shared.config import Settings
 from shared.errors import UsageError
 
@@ -147,12 +148,13 @@ def add(
 ) -> None:
     """Run the full admission (L1-L5, review, calibration, novelty) and add what passes."""
     settings: Settings = ctx.obj
+    limit = settings.validation.max_source_bytes
+    blobs = [(path, read_source(path, limit)) for path in files]
     archive = _archive(settings)
-    blobs = [(path, _read(path)) for path in files]
     for path, data in blobs:
         from evoenv_worker.static import check_static
 
-        static = check_static(data, settings.validation.max_source_bytes)
+        static = check_static(data, limit)
         clash = archive.by_name(static.name) if static.name else None
         if clash is not None:
             raise UsageError(f"{path}: the pool already has an environment called {static.name!r}")

@@ -4,6 +4,8 @@ in test_queue_routing.py, which has the workers.)"""
 
 from __future__ import annotations
 
+import base64
+import json
 import socket
 import time
 from pathlib import Path
@@ -100,3 +102,33 @@ def test_no_wait_with_no_worker_queues_the_job_and_job_shows_it(
     shown = run_cli("job", job_id, env=env, timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.strip() == f"job {job_id}: queued (or unknown id)"
+
+
+def test_a_huge_file_sends_at_most_the_size_limit_plus_one_byte_to_the_queue(
+    lonely_url: str, tmp_path: Path
+) -> None:
+    from shared.config import Settings
+    from shared.messages import ValidateJob
+
+    limit = Settings().validation.max_source_bytes
+    big = tmp_path / "big.py"
+    with big.open("wb") as f:
+        f.truncate(2 * 1024**3)  # sparse: 2 GiB of NUL bytes on no disk
+    client: Any = redis.Redis.from_url(lonely_url)
+    client.delete(keys.VALIDATION_QUEUE)
+    env = clean_env(EVOENV_REDIS_URL=lonely_url, EVOENV_DATA_DIR=str(tmp_path))
+    try:
+        result = run_cli("validate", "--queue", "--no-wait", big, env=env, timeout=60)
+        assert result.returncode == 0, result.stderr
+        messages = client.lrange(keys.VALIDATION_QUEUE, 0, -1)
+        assert len(messages) == 1
+        raw = messages[0]
+        assert len(raw) < 10 * limit, f"the message is {len(raw)} bytes"
+        body = json.loads(base64.b64decode(json.loads(raw)["body"]))
+        args, _kwargs, _embed = body
+        job = ValidateJob.model_validate(args[0])
+        assert job.file == str(big)
+        assert job.data == b"\0" * (limit + 1)
+    finally:
+        client.delete(keys.VALIDATION_QUEUE)
+        client.close()
