@@ -106,12 +106,14 @@ def stage_job_for(ctx: WorkerContext, job: ValidateJob) -> StageJob | None:
     lo, hi = int(meta["min_difficulty"]), int(meta["max_difficulty"])
     difficulty = settings.admission.calibration_difficulty
     difficulty = trace.difficulty if difficulty is None else min(max(difficulty, lo), hi)
-    rng = random.Random(f"calibration:{job.job_id}")
+    sha = source_sha(job.source)
+    fixed = settings.admission.sampling_seed
+    rng = random.Random(f"calibration:{job.job_id}" if fixed is None else f"{fixed}:{sha}")
     seeds = [
         rng.randrange(TRAIN_SEEDS.start, TRAIN_SEEDS.stop)
         for _ in range(settings.admission.calibration_instances)
     ]
-    env = EnvRef(name=str(meta["name"]), sha=source_sha(job.source), source=job.source)
+    env = EnvRef(name=str(meta["name"]), sha=sha, source=job.source)
     return StageJob(
         job_id=job.job_id,
         run=run,

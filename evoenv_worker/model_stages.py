@@ -4,6 +4,7 @@ them and records their results; `tasks.py` runs each as a job on its queue."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -17,7 +18,7 @@ from evoenv_worker.review import VERDICT_SCHEMA, parse_verdict, review_messages,
 from evoenv_worker.stages import canonical, instance_op
 from shared.config import Settings
 from shared.environment import build_prompt, extract_answer
-from shared.inference import InferenceClient, Sampling
+from shared.inference import Completion, InferenceClient, Sampling
 from shared.messages import (
     StageJob,
     StageReport,
@@ -32,6 +33,16 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 
+def request_seed(settings: Settings, *parts: object) -> int | None:
+    """A request's sampling seed derived from `admission.sampling_seed` and `parts` (the same
+    on every machine and run); None when no seed is set."""
+    base = settings.admission.sampling_seed
+    if base is None:
+        return None
+    digest = hashlib.sha256(":".join(map(str, (base, *parts))).encode()).digest()
+    return int.from_bytes(digest[:4], "big") >> 1
+
+
 def review_stage(client: InferenceClient, job: StageJob, settings: Settings) -> StageReport:
     """K reviews with a structured verdict; any reject (or unreadable verdict) rejects, and so
     do fewer than K verdicts. A request that fails raises: the stage could not run (`error`)."""
@@ -42,6 +53,7 @@ def review_stage(client: InferenceClient, job: StageJob, settings: Settings) -> 
         temperature=a.review_temperature,
         max_tokens=a.review_max_tokens,
         json_schema=VERDICT_SCHEMA,
+        seed=request_seed(settings, "review", job.env.sha),
     )
     completions = client.chat(review_messages(job.env.source, job.trace), sampling)  # the reviewer
     verdicts = [parse_verdict(c.text) for c in completions]
@@ -75,15 +87,17 @@ def calibration_complete(client: InferenceClient, job: StageJob, settings: Setti
 
     if job.error:
         return job
-    sampling = Sampling(
-        n=1, temperature=settings.grpo.temperature, max_tokens=settings.grpo.max_tokens
-    )
-    with ThreadPoolExecutor(max_workers=min(8, len(job.prompts) or 1)) as pool:
-        answers = list(
-            pool.map(
-                lambda p: client.chat([{"role": "user", "content": p}], sampling)[0], job.prompts
-            )
+    def answer(index: int, prompt: str) -> Completion:
+        sampling = Sampling(
+            n=1,
+            temperature=settings.grpo.temperature,
+            max_tokens=settings.grpo.max_tokens,
+            seed=request_seed(settings, "calibration", job.env.sha, index),
         )
+        return client.chat([{"role": "user", "content": prompt}], sampling)[0]
+
+    with ThreadPoolExecutor(max_workers=min(8, len(job.prompts) or 1)) as pool:
+        answers = list(pool.map(answer, range(len(job.prompts)), job.prompts))
     return job.model_copy(update={"completions": [record(c) for c in answers]})
 
 

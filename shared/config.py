@@ -153,6 +153,10 @@ class AdmissionSettings(BaseModel):
     """OpenAI-compatible endpoint of a different reviewer model (empty: the policy's servers)."""
     reviewer_model: str = ""
     """Model name at `reviewer_url` (empty: the served policy)."""
+    sampling_seed: int | None = None
+    """Seed of the model stages: the calibration instances and every review and calibration
+    request's sampling seed derive from it and the candidate's content, so that admitting the
+    same file twice on the same server decides the same way (tests); None: fresh randomness."""
     calibration_instances: int = Field(8, ge=1)
     """m: fresh instances the solver answers once each at the calibration difficulty."""
     calibration_difficulty: int | None = None

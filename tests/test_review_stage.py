@@ -15,7 +15,7 @@ import pytest
 from evoenv_worker import admission
 from evoenv_worker.model_stages import review_stage
 from shared.config import Settings
-from shared.inference import InferenceError
+from shared.inference import Completion, InferenceError
 from shared.messages import (
     MECHANICAL_STAGES,
     EnvRef,
@@ -125,3 +125,52 @@ def test_a_candidate_is_admitted_only_with_k_accepting_verdicts(
 ) -> None:
     report = _judged(settings, reviewer, monkeypatch)
     assert (report.verdict, report.failed_stage) == (verdict, failed_stage), report.stages[-1]
+
+
+def _seeded(settings: Settings, seed: int | None) -> Settings:
+    admission_settings = settings.admission.model_copy(update={"sampling_seed": seed})
+    return settings.model_copy(update={"admission": admission_settings})
+
+
+@dataclass
+class RecordingClient:
+    """Answers every request with one reply, recording each request's sampling seed."""
+
+    seeds: list[int | None] = field(default_factory=list)
+
+    def chat(self, messages: list[dict[str, str]], sampling: Any) -> list[Completion]:
+        self.seeds.append(sampling.seed)
+        reply = Completion(
+            text=ACCEPT,
+            prompt_token_ids=[1],
+            token_ids=[2],
+            logprobs=[-0.1],
+            finish_reason="stop",
+            policy_version=0,
+            version_source="redis",
+            server="fake",
+        )
+        return [reply] * sampling.n
+
+
+def test_a_sampling_seed_makes_every_model_stage_request_repeatable(settings: Settings) -> None:
+    from evoenv_worker.model_stages import calibration_complete
+
+    job = _job().model_copy(update={"prompts": ["p1", "p2", "p3"], "seeds": [1, 2, 3]})
+    runs = []
+    for _ in range(2):
+        client = RecordingClient()
+        review_stage(client, job, _seeded(settings, 7))  # type: ignore[arg-type]
+        calibration_complete(client, job, _seeded(settings, 7))  # type: ignore[arg-type]
+        runs.append(client.seeds)
+    first = runs[0]
+    assert runs[0] == runs[1] and all(isinstance(s, int) for s in first)
+    review, calibration = first[0], sorted(s for s in first[1:] if s is not None)
+    assert len(set(calibration)) == 3 and review not in calibration  # a seed per request
+    other = RecordingClient()
+    review_stage(other, job, _seeded(settings, 8))  # type: ignore[arg-type]
+    assert other.seeds[0] != review  # another seed, other samples
+    unseeded = RecordingClient()
+    review_stage(unseeded, job, _seeded(settings, None))  # type: ignore[arg-type]
+    calibration_complete(unseeded, job, _seeded(settings, None))  # type: ignore[arg-type]
+    assert unseeded.seeds == [None] * 4  # production: fresh randomness
