@@ -35,7 +35,8 @@ unmarshal it.
 
 Operations (each a dict with "op"):
 - describe: the class attributes of the environment.
-- instance {seed, difficulty}: sample, solve, render, answer_text for one instance.
+- instance {seed, difficulty}: sample, solve, render, answer_text for one instance (an
+  instance or reference that does not survive JSON unchanged goes as {} or null, `_sendable`).
 - score {answer, from: k} or {answer, instance, reference}: score one extracted answer against
   the instance of operation k of the same request, or against the given instance. With
   "from" and a null answer, the answer is that instance's own answer_text, stripped.
@@ -348,7 +349,7 @@ def _child(work_fd: int, write_fd: int, confined: bool) -> None:
                 result.pop("i", None)
                 result = {"i": index, **result}  # the line begins {"i":N,"ok": (RESULT_PREFIX)
             try:
-                line = dumps(result, separators=(",", ":"), default=_unencodable)
+                line = dumps(result, separators=(",", ":"), default=_unencodable, allow_nan=False)
             except (ValueError, RecursionError):
                 line = dumps(
                     _fail(
@@ -526,6 +527,7 @@ def run_op(env: Any, op: Any, kept: dict[int, dict[str, Any]], index: int) -> di
         result = _instance(env, op)
         if result["ok"]:
             kept[index] = result["value"]
+            result = {**result, "value": _sendable(result["value"])}
         return result
     if kind == "score":
         return _score(env, op, kept)
@@ -610,6 +612,20 @@ def _instance(env: Any, op: dict[str, Any]) -> dict[str, Any]:
         "reference_type": type(reference).__name__,
     }
     return {"ok": True, "value": value, "seconds": seconds}
+
+
+def _sendable(value: dict[str, Any]) -> dict[str, Any]:
+    """An instance op's value as the host gets it: an instance or reference that does not
+    survive JSON unchanged (which L2 rejects: `round_trip` says so) goes as {} or null, since
+    JSON may not even write it (NaN, infinities, integers past Python's digit limit)."""
+    trips = value["round_trip"]
+    if trips["instance"] and trips["reference"]:
+        return value
+    return {
+        **value,
+        "instance": value["instance"] if trips["instance"] else {},
+        "reference": value["reference"] if trips["reference"] else None,
+    }
 
 
 def _score(env: Any, op: dict[str, Any], kept: dict[int, dict[str, Any]]) -> dict[str, Any]:
