@@ -179,6 +179,8 @@ def check_executes(
 
 
 def _failure_text(result: OpResult) -> str:
+    if result.kind == "tamper":  # "the environment modified the framework: ..."
+        return result.error
     what = {
         "timeout": "ran past the time limit",
         "memory": "ran out of memory",

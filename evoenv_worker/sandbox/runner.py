@@ -60,8 +60,16 @@ Operations (each a dict with "op"):
   Each score call gets its own copy of the instance and the reference, as the `score` op does.
   Its "seconds" has sample, solve, render, answer_text, and score for all the answers together.
 Every result is {"i", "ok", ...}: ok results carry "value" (and "seconds"); failed ones carry
-"kind" (exception, type, value, timeout, memory, crash, output, load, dependency, skipped),
-"routine" and "error".
+"kind" (exception, type, value, timeout, memory, crash, output, load, dependency, skipped,
+tamper), "routine" and "error".
+
+Tampering. After loading the environment's module, and after each op, the child checks that
+its own module and the modules it relies on (`GUARDED_MODULES`: `shared.environment`,
+`json`, `builtins`, ...) still expose the very objects it held before any environment code
+ran (`Framework`). If not, that op and every later one of the request fail with kind "tamper"
+and an error that begins "the environment modified the framework" and names what changed. A
+determined environment can defeat this check too (it runs in the same process); the host's
+checks of every result (`results.py`) are what it cannot get past.
 
 Limits. "op_seconds" bounds each op of a request (the wall-clock time from the previous result
 line to this op's line) and, times the number of ops, the child's CPU time; "memory_mb" is the
@@ -74,6 +82,7 @@ from __future__ import annotations
 
 import json
 import marshal
+import operator
 import os
 import resource
 import select
@@ -336,16 +345,23 @@ def _child(work_fd: int, write_fd: int, confined: bool) -> None:
         _limit_child(limits, len(batch))
         results = os.fdopen(write_fd, "wb", buffering=0)
         dumps = json.dumps
+        framework = Framework()  # what the runner holds, before any environment code runs
         compiled = _compile(source, filename, code)
         if code is None and cacheable:
             _send_code(write_fd, compiled, int(limits.get("output_bytes", 1 << 20)))
         env_or_error = compiled if isinstance(compiled, str) else _load(compiled, filename)
+        failed_as = "load"
+        if not isinstance(env_or_error, str) and (change := framework.changed()):
+            env_or_error, failed_as = f"{TAMPERED}: {change}", "tamper"
         kept: dict[int, dict[str, Any]] = {}
         for index, op in batch:
             if isinstance(env_or_error, str):
-                result = _fail(index, "load", "load", env_or_error)
+                result = _fail(index, failed_as, "load", env_or_error)
             else:
                 result = run_op(env_or_error, op, kept, index)
+                if change := framework.changed():  # this op's routines did it: no result of
+                    env_or_error, failed_as = f"{TAMPERED}: {change}", "tamper"  # theirs counts
+                    result = _fail(index, failed_as, str(result.get("routine", "")), env_or_error)
                 result.pop("i", None)
                 result = {"i": index, **result}  # the line begins {"i":N,"ok": (RESULT_PREFIX)
             try:
@@ -359,6 +375,59 @@ def _child(work_fd: int, write_fd: int, confined: bool) -> None:
             results.write(line.encode("utf-8", "replace") + b"\n")
     finally:
         os._exit(0)
+
+
+TAMPERED = "the environment modified the framework"
+"""How a result begins when the environment changed what the runner relies on."""
+GUARDED_MODULES = (
+    "builtins",
+    "shared",
+    "shared.environment",
+    "json",
+    "json.decoder",
+    "json.encoder",
+    "json.scanner",
+    "marshal",
+    "confine",
+)
+"""Modules whose contents the runner relies on in a child, besides its own (`Framework`)."""
+
+
+class Framework:
+    """What the runner holds of its own module and of `GUARDED_MODULES`, taken before any
+    environment code runs in the child: `changed` tells whether the modules still expose
+    exactly those objects (the runner looks some of them up at every call: `grade_value`).
+
+    Environment code can reach every object of its process (through module attributes, or
+    `string.Formatter` field lookups on names built at run time), this one included, so this
+    detects tampering without preventing it: what keeps a child from forging anything beyond
+    its own request's results is the host, which checks every result (`results.py`)."""
+
+    def __init__(self) -> None:
+        self.held = [
+            (name, module, list(vars(module)), list(vars(module).values()))
+            for name in (__name__, *GUARDED_MODULES)
+            if (module := sys.modules.get(name)) is not None
+        ]
+
+    def changed(self) -> str | None:
+        """What was changed (a module replaced, a name rebound, added or removed), or None."""
+        modules = sys.modules
+        for name, module, keys, values in self.held:
+            shown = "the runner" if name == __name__ else name
+            if modules.get(name) is not module:
+                return f"sys.modules[{name!r}] was replaced"
+            now = vars(module)
+            if list(now) == keys and all(map(operator.is_, now.values(), values)):
+                continue
+            for key, value in zip(keys, values, strict=True):
+                if key not in now:
+                    return f"{shown}.{key} was removed"
+                if now[key] is not value:
+                    return f"{shown}.{key} was replaced"
+            added = next((str(key) for key in now if key not in keys), "?")
+            return f"{shown}.{added[:60]} was added"
+        return None
 
 
 def _close_others(keep: tuple[int, ...]) -> None:
