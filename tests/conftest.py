@@ -14,8 +14,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import hypothesis
 import pytest
-from support import free_port, missing
+from support import IN_CI, free_port, missing
 
 REPO = Path(__file__).resolve().parents[1]
 SEEDS_DIR = REPO / "seeds"
@@ -91,3 +92,12 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
     client.flushall()
     client.close()
     yield redis_server.url
+
+
+# Hypothesis (the fuzz tests): derandomised under CI, so a run is reproducible and its time
+# known; random on a developer's machine. No example database is written either way.
+hypothesis.settings.register_profile(
+    "ci", derandomize=True, database=None, deadline=None, max_examples=100
+)
+hypothesis.settings.register_profile("dev", database=None, deadline=None, max_examples=100)
+hypothesis.settings.load_profile("ci" if IN_CI else "dev")
