@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from evoenv_worker.grade import grade_group
 from evoenv_worker.sandbox import runner
 from evoenv_worker.sandbox.host import Sandbox
+from shared.config import SandboxSettings, Settings
+from shared.messages import CompletionRecord, EnvRef, SolverJob
 
 TEMPLATE = """
 import random
@@ -76,3 +79,23 @@ def test_an_unchanged_framework_is_not_reported(sandbox: Sandbox) -> None:
     benign = source(load="import fractions  # a first import changes no guarded module")
     made, scored = sandbox.run(benign, [INSTANCE, {"op": "score", "from": 0, "answer": None}])
     assert made.ok and scored.ok and scored.value == 1.0, (made, scored)
+
+
+def test_a_group_graded_by_a_tampering_scorer_is_an_env_error(
+    sandbox: Sandbox, confined_settings: SandboxSettings
+) -> None:
+    patch = 'typing.sys.modules["shared.environment"].grade_value = lambda v: "forged"'
+    texts = ["<answer>1</answer>", "<answer>2</answer>", "no answer"]
+    job = SolverJob(
+        run="test",
+        group_id="group",
+        env=EnvRef(name="tamperer", sha="0" * 64, source=source(score=patch)),
+        seed=1,
+        difficulty=1,
+        group_size=len(texts),
+        prompt="(prompt)",
+        completions=[CompletionRecord(text=text) for text in texts],
+    )
+    group = grade_group(sandbox, job, Settings(sandbox=confined_settings))
+    assert [(c.outcome, c.reward) for c in group.completions] == [("env_error", None)] * 3
+    assert runner.TAMPERED in str(group.data["env_error"])
