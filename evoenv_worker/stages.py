@@ -124,14 +124,14 @@ def _score_of(result: OpResult, trigger: Trigger) -> float:
     value = result.value
     if type(value) not in (bool, int, float) or not 0 <= value <= 1:
         raise EnvironmentOutputError(
-            f"the scorer returned {shown(value)}, not a number in [0, 1]",
+            f"the scorer returned {_shown(value)}, not a number in [0, 1]",
             seed=trigger.seed,
             difficulty=trigger.difficulty,
         )
     return float(value)
 
 
-def shown(value: Any) -> str:
+def _shown(value: Any) -> str:
     """A short repr of a value the environment returned (bounded: a huge integer, a deep list
     or a long string is never printed whole)."""
     kind = type(value)
@@ -161,16 +161,16 @@ def describe(runner: Runner) -> tuple[Check, Meta | None]:
     name, oracle = attrs.get("name"), attrs.get("oracle")
     lo, hi = attrs.get("min_difficulty"), attrs.get("max_difficulty")
     if not is_snake_case(name):
-        return Check(False, f"name must be a snake_case string, got {shown(name)}"), None
+        return Check(False, f"name must be a snake_case string, got {_shown(name)}"), None
     if oracle not in ORACLE_KINDS:
         return Check(
-            False, f"oracle must be one of {', '.join(ORACLE_KINDS)}, got {shown(oracle)}"
+            False, f"oracle must be one of {', '.join(ORACLE_KINDS)}, got {_shown(oracle)}"
         ), None
     if not (type(lo) is int and type(hi) is int and lo <= hi):
         return Check(
             False,
             "min_difficulty and max_difficulty must be ints with min <= max, got "
-            f"{shown(lo)} and {shown(hi)}",
+            f"{_shown(lo)} and {_shown(hi)}",
         ), None
     description = attrs.get("description")
     if not isinstance(description, str) or not description.strip():
@@ -202,10 +202,11 @@ def check_executes(
                 trigger,
             ), []
         if not value["round_trip"]["reference"]:
+            kind = value.get("reference_type")
             return Check(
                 False,
-                f"the reference ({shown(value.get('reference_type'))}) does not survive a "
-                "JSON round trip unchanged",
+                f"the reference ({kind[:40] if isinstance(kind, str) else _shown(kind)}) "
+                "does not survive a JSON round trip unchanged",
                 trigger,
             ), []
         prompt = value["prompt"]
