@@ -4,7 +4,10 @@
 (seed, difficulty), extracts each completion's answer and scores all of them in one `grade` op
 of the sandbox (see `sandbox/runner.py`): the instance is sampled and solved once, and the reply
 is one line for the whole group. Every completion ends `scored`, `format_error` (reward 0) or
-`env_error` (no reward: left out of training and counted against the environment).
+`env_error` (no reward: left out of training and counted against the environment). What the
+sandbox returns is the environment's output: one whose shape is wrong (the host checks it,
+`sandbox/results.py`, and `read_grades` again) makes the whole group an `env_error`, never an
+exception; infrastructure errors (`SandboxFailure`, Redis) propagate, and the task retries them.
 """
 
 from __future__ import annotations
@@ -78,10 +81,12 @@ def sample_instance(sandbox: Sandbox, job: SolverJob) -> SolverJob:
     """The job with its prompt, or with `error` set when the environment failed to sample."""
     op = {"op": "instance", "seed": job.seed, "difficulty": job.difficulty}
     (result,) = sandbox.run(job.env.source, [op], filename=f"{job.env.name}.py")
-    if not result.ok:
-        log.warning("sample_failed", env=job.env.name, seed=job.seed, reason=result.reason)
-        return job.model_copy(update={"error": f"sampling failed: {result.reason}"})
-    prompt = build_prompt(result.value["prompt"])
+    rendered = result.value.get("prompt") if isinstance(result.value, dict) else None
+    if not result.ok or not isinstance(rendered, str):
+        reason = result.reason if not result.ok else "the sandbox returned no prompt"
+        log.warning("sample_failed", env=job.env.name, seed=job.seed, reason=reason)
+        return job.model_copy(update={"error": f"sampling failed: {reason}"})
+    prompt = build_prompt(rendered)
     if job.prompt_budget is not None and estimate_tokens(prompt) > job.prompt_budget:
         log.info("prompt_over_budget", env=job.env.name, difficulty=job.difficulty)
         return job.model_copy(update={"over_budget": True})

@@ -3,7 +3,11 @@
 Each check is a plain function over a `Runner` (something that runs sandbox operations on one
 environment source) and returns a `Check`. The validator chains them; the seeds' contract test
 calls them with more seeds. None of them imports environment code: everything runs in the
-sandbox, and what comes back is treated as data.
+sandbox, and what comes back is treated as data. The sandbox's host checks every result's
+shape (`sandbox/results.py`); the checks here read values through helpers that check them
+again (`made_value`, `_score_of`, `canonical`, ...), so that whatever a `Runner` returns, a
+check either returns or raises `EnvironmentOutputError`, which the validator turns into a
+rejection at the running stage.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any, Protocol
 from evoenv_worker.sandbox.host import OpResult
 from shared.config import ValidationSettings
 from shared.environment import ORACLE_KINDS, default_answer_text, extract_answer, is_snake_case
+from shared.errors import EnvironmentOutputError
 from shared.messages import Trigger
 
 GARBAGE_PROBES = ("qwerty zxcvb !! ??", "¯\\_(ツ)_/¯ 𝔤𝔞𝔯𝔟𝔞𝔤𝔢 \x07")
@@ -59,15 +64,16 @@ class Item:
     answer_text: str
 
     @classmethod
-    def from_value(cls, seed: int, difficulty: int, value: dict[str, Any]) -> Item:
-        """The item of an `instance` op's value."""
+    def from_value(cls, seed: int, difficulty: int, value: Any) -> Item:
+        """The item of an `instance` op's value (`EnvironmentOutputError` if it is not one)."""
+        made = made_value(value, seed, difficulty)
         return cls(
             seed,
             difficulty,
-            value["instance"],
-            value["reference"],
-            value["prompt"],
-            value["answer_text"],
+            made["instance"],
+            made["reference"],
+            made["prompt"],
+            made["answer_text"],
         )
 
     @property
@@ -84,8 +90,59 @@ class Check:
 
 
 def canonical(value: Any) -> str:
-    """`value` as compact JSON with sorted keys: equal values, equal texts."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    """`value` as compact JSON with sorted keys: equal values, equal texts.
+
+    The values compared are the environment's: one JSON cannot write (too deep, an integer
+    past Python's digit limit, not JSON at all) is an `EnvironmentOutputError`."""
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise EnvironmentOutputError(
+            f"a value the environment returned cannot be written as JSON ({type(exc).__name__})"
+        ) from None
+
+
+_MADE_TYPES = {"instance": dict, "prompt": str, "answer_text": str, "round_trip": dict}
+
+
+def made_value(value: Any, seed: int | None = None, difficulty: int | None = None) -> Any:
+    """An `instance` op's value, its shape checked (`EnvironmentOutputError` if it is wrong)."""
+    if not (
+        type(value) is dict
+        and "reference" in value
+        and all(type(value.get(key)) is kind for key, kind in _MADE_TYPES.items())
+        and all(type(value["round_trip"].get(key)) is bool for key in ("instance", "reference"))
+    ):
+        raise EnvironmentOutputError(
+            "the instance op returned a value of the wrong shape", seed=seed, difficulty=difficulty
+        )
+    return value
+
+
+def _score_of(result: OpResult, trigger: Trigger) -> float:
+    """A score op's value as a float (`EnvironmentOutputError` if it is not in [0, 1])."""
+    value = result.value
+    if type(value) not in (bool, int, float) or not 0 <= value <= 1:
+        raise EnvironmentOutputError(
+            f"the scorer returned {_shown(value)}, not a number in [0, 1]",
+            seed=trigger.seed,
+            difficulty=trigger.difficulty,
+        )
+    return float(value)
+
+
+def _shown(value: Any) -> str:
+    """A short repr of a value the environment returned (bounded: a huge integer, a deep list
+    or a long string is never printed whole)."""
+    kind = type(value)
+    if kind is int and not -(10**20) < value < 10**20:
+        return "a large integer"
+    if kind is list or kind is dict:
+        return f"a JSON {'array' if kind is list else 'object'}"
+    if kind not in (str, int, float, bool, type(None)):
+        return f"a {kind.__name__[:40]}"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def instance_op(seed: int, difficulty: int) -> dict[str, Any]:
@@ -104,15 +161,16 @@ def describe(runner: Runner) -> tuple[Check, Meta | None]:
     name, oracle = attrs.get("name"), attrs.get("oracle")
     lo, hi = attrs.get("min_difficulty"), attrs.get("max_difficulty")
     if not is_snake_case(name):
-        return Check(False, f"name must be a snake_case string, got {name!r}"), None
+        return Check(False, f"name must be a snake_case string, got {_shown(name)}"), None
     if oracle not in ORACLE_KINDS:
         return Check(
-            False, f"oracle must be one of {', '.join(ORACLE_KINDS)}, got {oracle!r}"
+            False, f"oracle must be one of {', '.join(ORACLE_KINDS)}, got {_shown(oracle)}"
         ), None
     if not (type(lo) is int and type(hi) is int and lo <= hi):
         return Check(
             False,
-            f"min_difficulty and max_difficulty must be ints with min <= max, got {lo!r} and {hi!r}",
+            "min_difficulty and max_difficulty must be ints with min <= max, got "
+            f"{_shown(lo)} and {_shown(hi)}",
         ), None
     description = attrs.get("description")
     if not isinstance(description, str) or not description.strip():
@@ -135,7 +193,7 @@ def check_executes(
         result = results[k]
         if not result.ok:
             return Check(False, _failure_text(result), trigger), []
-        value = result.value
+        value = made_value(result.value, seed, difficulty)
         if not value["round_trip"]["instance"]:
             return Check(
                 False,
@@ -144,10 +202,11 @@ def check_executes(
                 trigger,
             ), []
         if not value["round_trip"]["reference"]:
+            kind = value.get("reference_type")
             return Check(
                 False,
-                f"the reference ({value.get('reference_type')}) does not survive a "
-                "JSON round trip unchanged",
+                f"the reference ({kind[:40] if isinstance(kind, str) else _shown(kind)}) "
+                "does not survive a JSON round trip unchanged",
                 trigger,
             ), []
         prompt = value["prompt"]
@@ -163,12 +222,10 @@ def check_executes(
         items.append(Item.from_value(seed, difficulty, value))
     for k, item in enumerate(items):
         scored = results[len(pairs) + k]
+        trigger = Trigger(seed=item.seed, difficulty=item.difficulty, answer=item.answer_text[:500])
         if not scored.ok:
-            return Check(
-                False,
-                _failure_text(scored),
-                Trigger(seed=item.seed, difficulty=item.difficulty, answer=item.answer_text[:500]),
-            ), []
+            return Check(False, _failure_text(scored), trigger), []
+        _score_of(scored, trigger)
     slowest = max((sum(r.seconds.values()) for r in results), default=0.0)
     return Check(
         True,
@@ -179,6 +236,8 @@ def check_executes(
 
 
 def _failure_text(result: OpResult) -> str:
+    if result.kind == "tamper":  # "the environment modified the framework: ..."
+        return result.error
     what = {
         "timeout": "ran past the time limit",
         "memory": "ran out of memory",
@@ -195,14 +254,16 @@ def _failure_text(result: OpResult) -> str:
 
 def _signatures(results: list[OpResult]) -> list[str | None]:
     """What must be identical across processes and orders, per instance (None: failed)."""
-    return [
-        canonical(
-            [r.value["instance"], r.value["reference"], r.value["prompt"], r.value["answer_text"]]
+    signatures: list[str | None] = []
+    for result in results:
+        if not result.ok:
+            signatures.append(None)
+            continue
+        made = made_value(result.value)
+        signatures.append(
+            canonical([made["instance"], made["reference"], made["prompt"], made["answer_text"]])
         )
-        if r.ok
-        else None
-        for r in results
-    ]
+    return signatures
 
 
 def check_deterministic(
@@ -380,12 +441,13 @@ def check_well_posed(
                 f"the same: {_failure_text(result)}",
                 trigger,
             )
-        if float(result.value) < 1.0:
+        score = _score_of(result, trigger)
+        if score < 1.0:
             return Check(
                 False,
                 f"the prompt does not determine the answer: seeds {a.seed} and {b.seed} at "
                 f"difficulty {b.difficulty} have the same prompt, but seed {a.seed}'s answer "
-                f"{a.answer_text[:80]!r} scores {float(result.value):g} on seed {b.seed} (its "
+                f"{a.answer_text[:80]!r} scores {score:g} on seed {b.seed} (its "
                 f"answer is {b.answer_text[:80]!r}); render must state the whole problem",
                 trigger,
             )
@@ -418,6 +480,9 @@ class Probe:
     item: int
     label: str
     text: str
+    """What the probe writes in its answer span."""
+    answer: str
+    """What the scorer sees: `text` wrapped as `<answer>text</answer>` and extracted."""
     rule: str
     """reference (must score 1.0), always (must score < 1.0), differs (judged by oracle kind)."""
 
@@ -427,11 +492,23 @@ def check_scorer(
 ) -> Check:
     """L5: the reference scores 1.0; empty, garbage, wrong-type and spray probes score below
     1.0; borrowed and perturbed answers are rejected (always for equality environments, in at
-    least half of the cases for feasibility ones); the scorer never raises."""
+    least half of the cases for feasibility ones); the scorer never raises. Every probe, the
+    reference included, is wrapped as `<answer>...</answer>` and extracted as a solver's
+    answer is: a reference whose answer text does not survive that (longer than the answer
+    cap, say) fails here, since no answer could ever score 1.0."""
+    for item in items:
+        extraction = extract_answer(f"<answer>{item.answer_text}</answer>", settings.answer_cap)
+        if extraction.answer is None:
+            return Check(
+                False,
+                "the reference's answer text cannot be read back from a solver's answer span: "
+                f"{extraction.problem} (answer_text gives {len(item.answer_text)} characters)",
+                item.trigger,
+            )
     perturbed = _perturbed_texts(runner, items)
     probes = list(_probes(items, perturbed, meta, settings))
     ops = [instance_op(item.seed, item.difficulty) for item in items]
-    ops += [{"op": "score", "from": p.item, "answer": p.text} for p in probes]
+    ops += [{"op": "score", "from": p.item, "answer": p.answer} for p in probes]
     results = runner.run(ops)
     for k, result in enumerate(results[: len(items)]):
         if not result.ok:
@@ -446,7 +523,7 @@ def check_scorer(
                 f"the scorer failed on the {probe.label} probe: {_failure_text(result)}",
                 trigger,
             )
-        score = float(result.value)
+        score = _score_of(result, trigger)
         if probe.rule == "reference" and score != 1.0:
             return Check(
                 False, f"the reference answer (answer_text) scores {score:g}, not 1.0", trigger
@@ -488,9 +565,9 @@ def _probes(
     spray_numbers = [str(n) for n in range(settings.spray_range[0], settings.spray_range[1] + 1)]
     for k, item in enumerate(items):
         reference = _extracted(item.answer_text, cap)
-        yield Probe(k, "reference", item.answer_text, "reference")
         if reference is None:
-            continue  # the reference probe above fails as a format error
+            continue  # `check_scorer` rejects the file before any probe runs
+        yield Probe(k, "reference", item.answer_text, reference, "reference")
         others = [items[(k + j) % len(items)].answer_text for j in range(1, len(items))]
         same_level = [
             items[j] for j in range(len(items)) if j != k and items[j].difficulty == item.difficulty
@@ -511,7 +588,7 @@ def _probes(
             extracted = _extracted(text, cap)
             if extracted is None or extracted == reference:
                 continue  # not a valid probe, or the reference's own text: skipped
-            yield Probe(k, label, text, rule)
+            yield Probe(k, label, text, extracted, rule)
 
 
 def _wrong_type(reference: Any) -> str:
@@ -567,6 +644,17 @@ def _perturbed_texts(runner: Runner, items: Sequence[Item]) -> dict[int, list[st
     results = runner.run([{"op": "answer_text", "reference": value} for _, value in values])
     texts: dict[int, list[str]] = {}
     for (k, value), result in zip(values, results, strict=True):
-        text = result.value if result.ok else default_answer_text(value)
+        text = result.value if result.ok and type(result.value) is str else None
+        if text is None:
+            try:
+                text = default_answer_text(value)
+            except ValueError:  # an integer past Python's digit limit for `str`
+                item = items[k]
+                raise EnvironmentOutputError(
+                    "a perturbation of the reference cannot be written as text (an integer "
+                    "past Python's digit limit?)",
+                    seed=item.seed,
+                    difficulty=item.difficulty,
+                ) from None
         texts.setdefault(k, []).append(text)
     return texts

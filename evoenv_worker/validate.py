@@ -1,8 +1,12 @@
 """Validate one environment file: L1 to L5 in order, stopping at the first failure.
 
 `validate_source` is the plain function behind `evoenv validate` (local mode) and the
-`validate` task. A broken environment is a `rejected` report, never an exception; when the
-check itself cannot run (the sandbox cannot start or breaks down) the report says `error`.
+`validate` task. A broken environment is a `rejected` report, never an exception: also when
+what it returned could not be used by a check (`EnvironmentOutputError`), which rejects it at
+the stage that was running, so crashing the validator never beats failing it. When the check
+itself cannot run (the sandbox cannot start or breaks down) or fails for a reason of the
+project's own (any other exception), the report says `error`, with the exception's type and
+message: never blamed on the file.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ from evoenv_worker.context import WorkerContext
 from evoenv_worker.sandbox.host import OpResult, Sandbox
 from evoenv_worker.static import check_static
 from shared.config import Settings
-from shared.errors import SandboxFailure, SandboxUnavailable
-from shared.messages import Stage, StageReport, ValidateJob, ValidationReport, Verdict
+from shared.errors import EnvironmentOutputError, SandboxFailure, SandboxUnavailable
+from shared.messages import Stage, StageReport, Trigger, ValidateJob, ValidationReport, Verdict
 
 log = structlog.get_logger(__name__)
 
@@ -94,6 +98,7 @@ def validate_source(
     runner = SourceRunner(sandbox, source, file)
     fresh = _fresh_factory(sandbox, source, file)
     seeds = list(range(settings.validation.seeds))
+    stage: Stage = "L2"
     try:
         started = time.perf_counter()
         check, meta = stages.describe(runner)
@@ -102,17 +107,28 @@ def validate_source(
             check, items = stages.check_executes(runner, meta, seeds, settings.validation)
         if not record("L2", check, started) or meta is None:
             return finish("rejected", "L2")
-        started = time.perf_counter()
+        stage, started = "L3", time.perf_counter()
         if not record("L3", stages.check_deterministic(fresh, items), started):
             return finish("rejected", "L3")
-        started = time.perf_counter()
+        stage, started = "L4", time.perf_counter()
         if not record("L4", stages.check_l4(runner, items, meta, settings.validation), started):
             return finish("rejected", "L4")
-        started = time.perf_counter()
+        stage, started = "L5", time.perf_counter()
         if not record("L5", stages.check_scorer(runner, items, meta, settings.validation), started):
             return finish("rejected", "L5")
+    except EnvironmentOutputError as exc:
+        trigger = (
+            Trigger(seed=exc.seed, difficulty=exc.difficulty) if exc.seed is not None else None
+        )
+        record(stage, stages.Check(False, str(exc), trigger), started)
+        return finish("rejected", stage)
     except (SandboxUnavailable, SandboxFailure) as exc:
         return finish("error", None, f"the sandbox could not run the check: {exc}")
+    except Exception as exc:  # the project's own fault: this file's report says so, not the batch
+        # The traceback for whoever reads the logs at INFO (a worker's); the report has the rest.
+        log.info("validation_failed", file=file, stage=stage, exc_info=True)
+        reason = f"{type(exc).__name__}: {str(exc)[:500]}"
+        return finish("error", None, f"the check failed at {stage}: {reason}")
     return finish("admitted", None)
 
 

@@ -176,15 +176,20 @@ class Grade:
 
 
 def grade_value(value: object) -> Grade:
-    """Turn what a scorer returned into a grade: a float, int or bool in [0, 1] is `scored`."""
-    if isinstance(value, bool):
-        return Grade(Outcome.SCORED, float(value))
-    if isinstance(value, (int, float)):
-        number = float(value)
-        if 0.0 <= number <= 1.0:  # NaN fails both comparisons
-            return Grade(Outcome.SCORED, number)
-        return Grade.env_error(f"score {value!r} is outside [0, 1]")
-    return Grade.env_error(f"score has type {type(value).__name__}, expected a number in [0, 1]")
+    """Turn what a scorer returned into a grade: a float, int or bool in [0, 1] is `scored`.
+
+    The type must be exactly `bool`, `int` or `float`, as `type()` tells it: not a subclass,
+    and not an object posing as one (`isinstance` believes an object's own `__class__`, and its
+    `__float__` may give anything, NaN included). NaN is outside [0, 1]."""
+    if type(value) is bool:
+        return Grade(Outcome.SCORED, 1.0 if value else 0.0)
+    if type(value) is int or type(value) is float:
+        if 0 <= value <= 1:  # NaN fails both comparisons
+            return Grade(Outcome.SCORED, float(value))
+        shown = repr(value) if type(value) is float or -(10**12) < value < 10**12 else "an int"
+        return Grade.env_error(f"score {shown} is outside [0, 1]")
+    kind = type(value).__name__[:60]  # the environment's class may have any name
+    return Grade.env_error(f"score has type {kind}, expected a number in [0, 1]")
 
 
 @dataclass(frozen=True, slots=True)

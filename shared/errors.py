@@ -6,10 +6,13 @@
     ├── ServiceUnavailable   Redis, the database or a model server cannot be reached
     ├── PoolEmpty            the pool has nothing to sample (the seeds were never recorded?)
     ├── DiskFull             a checkpoint or a weight push does not fit on the disk
-    └── UsageError           bad input from a person: one line that says what to fix
+    ├── UsageError           bad input from a person: one line that says what to fix
+    └── EnvironmentOutputError  what an environment returned cannot be used by a check
 
-A broken *environment* is never an exception: it is a result (a failed stage with a reason,
-or an `env_error` grade). Exceptions are for infrastructure, and only they are retried.
+A broken *environment* is never an exception past the check that found it: it is a result (a
+failed stage with a reason, or an `env_error` grade). `EnvironmentOutputError` travels only
+from where a check reads an environment's output to the stage that ran it, which rejects the
+file there. Exceptions are for infrastructure, and only they are retried.
 """
 
 from __future__ import annotations
@@ -42,3 +45,17 @@ class DiskFull(EvoEnvError):
 
 class UsageError(EvoEnvError):
     """A person's input is wrong; the message is one line that says what to fix."""
+
+
+class EnvironmentOutputError(EvoEnvError):
+    """What an environment returned cannot be used by a check (wrong shape, past a bound).
+
+    The environment's fault, never the project's: the stage that was running rejects the file
+    with this message (and the instance's seed and difficulty, when known)."""
+
+    def __init__(
+        self, message: str, *, seed: int | None = None, difficulty: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.seed = seed
+        self.difficulty = difficulty

@@ -15,8 +15,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import hypothesis
 import pytest
-from support import free_port, missing
+from support import IN_CI, free_port, missing
 
 REPO = Path(__file__).resolve().parents[1]
 SEEDS_DIR = REPO / "seeds"
@@ -92,6 +93,15 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
     client.flushall()
     client.close()
     yield redis_server.url
+
+
+# Hypothesis (the fuzz tests): derandomised under CI, so a run is reproducible and its time
+# known; random on a developer's machine. No example database is written either way.
+hypothesis.settings.register_profile(
+    "ci", derandomize=True, database=None, deadline=None, max_examples=100
+)
+hypothesis.settings.register_profile("dev", database=None, deadline=None, max_examples=100)
+hypothesis.settings.load_profile("ci" if IN_CI else "dev")
 
 
 def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:

@@ -88,6 +88,34 @@ def test_grade_value_accepts_numbers_in_unit_interval(
         assert grade.detail
 
 
+class _FloatLike(float):
+    """A float subclass: `isinstance` says float, `type` does not."""
+
+
+def test_grade_value_refuses_an_object_posing_as_a_bool_worth_nan() -> None:
+    # Built as an environment would build it past L1 (no dunder in its source): a class whose
+    # `__class__` says bool, so `isinstance(x, bool)` is True, and whose float is NaN.
+    dunder = "_" * 2
+    impostor = type(
+        "Impostor",
+        (),
+        {
+            f"{dunder}class{dunder}": property(lambda self: bool),
+            f"{dunder}float{dunder}": lambda self: float("nan"),
+        },
+    )()
+    assert isinstance(impostor, bool)
+    grade = grade_value(impostor)
+    assert (grade.outcome, grade.reward) == (Outcome.ENV_ERROR, None)
+    assert "type Impostor" in grade.detail
+
+
+def test_grade_value_refuses_a_float_subclass_and_bounds_what_it_prints() -> None:
+    assert grade_value(_FloatLike(0.5)).outcome is Outcome.ENV_ERROR
+    huge = grade_value(10**5000)  # printing it would raise (Python's digit limit)
+    assert huge.outcome is Outcome.ENV_ERROR and len(huge.detail) < 100
+
+
 def test_seed_ranges_are_disjoint() -> None:
     assert TRAIN_SEEDS.stop <= EVAL_SEEDS.start
 

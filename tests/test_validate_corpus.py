@@ -186,6 +186,7 @@ def test_corpus_is_complete() -> None:
     stages = {c.expect.stage for c in CASES}
     assert stages == {None, *MECHANICAL_STAGES}
     assert len(FLAWED) >= 17 and len(SOUND) >= 5
+    assert len(ATTACKS) >= 6
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -270,6 +271,29 @@ def test_cli_json_reports_one_line_per_file_and_exits_1_on_a_rejection(sandbox: 
         None,
     )
     assert all(s["ok"] for s in second["stages"])
+
+
+ATTACKS = sorted((CORPUS / "flawed").glob("*_attack_*.py"))
+"""Files written to attack the validator itself (its host side), not the sandbox."""
+
+
+def test_cli_judges_every_attack_file_in_one_call_and_every_file_after_it(
+    sandbox: Sandbox,
+) -> None:
+    files = [path for attack in ATTACKS for path in (attack, SOUND_BASE)]
+    result = evoenv("validate", "--json", *files)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stdout + result.stderr
+    lines = json_lines(result.stdout)
+    assert [line["file"] for line in lines] == [str(path) for path in files]
+    for path, line in zip(files, lines, strict=True):
+        _assert_report_shape(line)
+        if path == SOUND_BASE:
+            assert line["verdict"] == "admitted", line
+            continue
+        expect = Expectation.parse(path.read_bytes())
+        assert (line["verdict"], line["failed_stage"]) == ("rejected", expect.stage), line
+        assert expect.detail and expect.detail.lower() in line["stages"][-1]["detail"].lower()
 
 
 def test_cli_exits_0_when_every_file_is_admitted(sandbox: Sandbox) -> None:

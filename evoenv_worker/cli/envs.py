@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import structlog
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -20,6 +21,7 @@ from shared.environment import build_prompt
 from shared.errors import SandboxFailure, SandboxUnavailable, UsageError
 from shared.messages import ValidationReport
 
+log = structlog.get_logger(__name__)
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -228,21 +230,18 @@ def validate_locally(
             progress = _progress(path) if sys.stderr.isatty() and not as_json else None
             try:
                 report = validate_source(data, str(path), context.sandbox(), settings, progress)
-            except (SandboxUnavailable, SandboxFailure) as exc:
-                report = ValidationReport(
-                    file=str(path),
-                    name=None,
-                    verdict="error",
-                    failed_stage=None,
-                    stages=[],
-                    isolated=False,
-                    error=str(exc),
+                job = ValidateJob.for_file(
+                    str(uuid.uuid4()), str(path), data, add_to_pool=add_to_pool
                 )
-            job = ValidateJob.for_file(str(uuid.uuid4()), str(path), data, add_to_pool=add_to_pool)
-            if wanted and report.verdict == "admitted":
-                report = run_locally(context, job, report, wanted)
-            if add_to_pool:
-                report = conclude(context, job, report)
+                if wanted and report.verdict == "admitted":
+                    report = run_locally(context, job, report, wanted)
+                if add_to_pool:
+                    report = conclude(context, job, report)
+            except (SandboxUnavailable, SandboxFailure) as exc:
+                report = _error_report(path, str(exc))
+            except Exception as exc:  # one file's failure never takes the others' reports down
+                log.info("validation_failed", file=str(path), exc_info=True)  # with --verbose
+                report = _error_report(path, f"{type(exc).__name__}: {str(exc)[:500]}")
             if progress is not None:
                 err.file.write("\r\033[K")
             reports.append(report)
@@ -253,6 +252,19 @@ def validate_locally(
     finally:
         context.close()
     return reports
+
+
+def _error_report(path: Path, error: str) -> ValidationReport:
+    """The report of a file whose check could not run or failed (never the file's fault)."""
+    return ValidationReport(
+        file=str(path),
+        name=None,
+        verdict="error",
+        failed_stage=None,
+        stages=[],
+        isolated=False,
+        error=error,
+    )
 
 
 def exit_code(reports: list[ValidationReport]) -> int:

@@ -12,10 +12,11 @@ mean the sandbox itself could not do its job.
 
 What the host does not trust: anything a child or the server writes. A child's result lines
 are size-capped, must begin as the expected op's result does (`{"i":N,"ok":`), and are parsed
-and checked: a line that begins so but is not that op's result as one JSON object fails that
-op ("output"); anything else fails the op and ends that child, and the rest of the request
-runs in a fresh one. A message from the server that is not what the protocol says ends the
-server.
+with bounds and checked against the shape of that op's result (`results.read_result`): a line
+that begins so but is not exactly that fails that op ("output", or "value" for a score that is
+not a number in [0, 1]) with a reason naming the op, its seed and difficulty; anything else
+fails the op and ends that child, and the rest of the request runs in a fresh one. A message
+from the server that is not what the protocol says ends the server.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any, NamedTuple
 import structlog
 
 from evoenv_worker.sandbox.launch import server_command
+from evoenv_worker.sandbox.results import op_label, read_result
 from evoenv_worker.sandbox.runner import (
     CODE_CACHE_BYTES,
     CODE_CACHE_ENTRIES,
@@ -57,7 +59,8 @@ class OpResult:
     ok: bool
     value: Any = None
     kind: str = ""
-    """exception, type, value, timeout, memory, crash, output, load, dependency or skipped."""
+    """exception, type, value, timeout, memory, crash, output, load, dependency, skipped or
+    tamper (see `results.KINDS`)."""
     routine: str = ""
     error: str = ""
     seconds: dict[str, float] = field(default_factory=dict)
@@ -196,11 +199,12 @@ class Sandbox:
             started = time.monotonic()
             child = self._hand_over(work)
             finished, failure = self._collect(
-                child, pending, results, limits, key if code is None else None, started
+                child, ops, pending, results, limits, key if code is None else None, started
             )
             pending = pending[finished:]
             if failure is not None:
                 failures += 1
+                failure["error"] = f"{op_label(ops, pending[0])}: {failure['error']}"
                 results[pending[0]] = failure
                 pending = pending[1:]
         done = [_to_result(result) for result in results if result is not None]
@@ -248,6 +252,7 @@ class Sandbox:
     def _collect(
         self,
         child: _Child,
+        ops: list[dict[str, Any]],
         pending: list[int],
         results: list[dict[str, Any] | None],
         limits: dict[str, Any],
@@ -259,7 +264,8 @@ class Sandbox:
 
         With `cache_key`, the child's first line is its compiled module (`runner._send_code`).
         A result line must begin as the expected op's does (`RESULT_PREFIX`); one that does but
-        is not that op's result as one JSON object fails that op alone (`_parse_result`)."""
+        is not that op's result, of the shape the op promises, fails that op alone
+        (`results.read_result`)."""
         op_seconds, cap = limits["op_seconds"], limits["output_bytes"]
         fd = child.results
         buffer = b""
@@ -285,7 +291,7 @@ class Sandbox:
                     index = pending[finished]
                     if not line.startswith(RESULT_PREFIX % index):
                         return finished, _fail("output", "the child wrote a malformed result")
-                    results[index] = _parse_result(line, index)
+                    results[index] = read_result(line, index, ops)
                     finished += 1
                     deadline = time.monotonic() + op_seconds
                 if len(buffer) > cap:
@@ -457,31 +463,15 @@ def _parse(line: bytes) -> Any:
         raise SandboxFailure("a message from the fork server is not JSON") from exc
 
 
-def _parse_result(line: bytes, index: int) -> dict[str, Any]:
-    """The result of op `index` in `line`, or its failure when the line is not exactly that."""
-    try:
-        message = json.loads(line)
-    except (ValueError, RecursionError):
-        message = None
-    if (
-        isinstance(message, dict)
-        and message.get("i") == index
-        and isinstance(message.get("ok"), bool)
-    ):
-        return message
-    return {"ok": False, "kind": "output", "error": "the environment wrote a malformed result"}
-
-
 def _to_result(message: dict[str, Any]) -> OpResult:
-    seconds = message.get("seconds")
-    if not isinstance(seconds, dict):
-        seconds = {}
+    """An op's result as `results.read_result` checked it (or as the host made it)."""
+    seconds = message.get("seconds") or {}
     if message["ok"]:
-        return OpResult(True, value=message.get("value"), seconds=seconds)
+        return OpResult(True, value=message["value"], seconds=seconds)
     return OpResult(
         False,
-        kind=str(message.get("kind", "crash")),
-        routine=str(message.get("routine", "")),
-        error=str(message.get("error", ""))[:2000],
+        kind=message["kind"],
+        routine=message.get("routine", ""),
+        error=message["error"],
         seconds=seconds,
     )

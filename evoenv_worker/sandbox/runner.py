@@ -35,7 +35,8 @@ unmarshal it.
 
 Operations (each a dict with "op"):
 - describe: the class attributes of the environment.
-- instance {seed, difficulty}: sample, solve, render, answer_text for one instance.
+- instance {seed, difficulty}: sample, solve, render, answer_text for one instance (an
+  instance or reference that does not survive JSON unchanged goes as {} or null, `_sendable`).
 - score {answer, from: k} or {answer, instance, reference}: score one extracted answer against
   the instance of operation k of the same request, or against the given instance. With
   "from" and a null answer, the answer is that instance's own answer_text, stripped.
@@ -59,8 +60,16 @@ Operations (each a dict with "op"):
   Each score call gets its own copy of the instance and the reference, as the `score` op does.
   Its "seconds" has sample, solve, render, answer_text, and score for all the answers together.
 Every result is {"i", "ok", ...}: ok results carry "value" (and "seconds"); failed ones carry
-"kind" (exception, type, value, timeout, memory, crash, output, load, dependency, skipped),
-"routine" and "error".
+"kind" (exception, type, value, timeout, memory, crash, output, load, dependency, skipped,
+tamper), "routine" and "error".
+
+Tampering. After loading the environment's module, and after each op, the child checks that
+its own module and the modules it relies on (`GUARDED_MODULES`: `shared.environment`,
+`json`, `builtins`, ...) still expose the very objects it held before any environment code
+ran (`Framework`). If not, that op and every later one of the request fail with kind "tamper"
+and an error that begins "the environment modified the framework" and names what changed. A
+determined environment can defeat this check too (it runs in the same process); the host's
+checks of every result (`results.py`) are what it cannot get past.
 
 Limits. "op_seconds" bounds each op of a request (the wall-clock time from the previous result
 line to this op's line) and, times the number of ops, the child's CPU time; "memory_mb" is the
@@ -73,6 +82,7 @@ from __future__ import annotations
 
 import json
 import marshal
+import operator
 import os
 import resource
 import select
@@ -335,20 +345,27 @@ def _child(work_fd: int, write_fd: int, confined: bool) -> None:
         _limit_child(limits, len(batch))
         results = os.fdopen(write_fd, "wb", buffering=0)
         dumps = json.dumps
+        framework = Framework()  # what the runner holds, before any environment code runs
         compiled = _compile(source, filename, code)
         if code is None and cacheable:
             _send_code(write_fd, compiled, int(limits.get("output_bytes", 1 << 20)))
         env_or_error = compiled if isinstance(compiled, str) else _load(compiled, filename)
+        failed_as = "load"
+        if not isinstance(env_or_error, str) and (change := framework.changed()):
+            env_or_error, failed_as = f"{TAMPERED}: {change}", "tamper"
         kept: dict[int, dict[str, Any]] = {}
         for index, op in batch:
             if isinstance(env_or_error, str):
-                result = _fail(index, "load", "load", env_or_error)
+                result = _fail(index, failed_as, "load", env_or_error)
             else:
                 result = run_op(env_or_error, op, kept, index)
+                if change := framework.changed():  # this op's routines did it: no result of
+                    env_or_error, failed_as = f"{TAMPERED}: {change}", "tamper"  # theirs counts
+                    result = _fail(index, failed_as, str(result.get("routine", "")), env_or_error)
                 result.pop("i", None)
                 result = {"i": index, **result}  # the line begins {"i":N,"ok": (RESULT_PREFIX)
             try:
-                line = dumps(result, separators=(",", ":"), default=_unencodable)
+                line = dumps(result, separators=(",", ":"), default=_unencodable, allow_nan=False)
             except (ValueError, RecursionError):
                 line = dumps(
                     _fail(
@@ -358,6 +375,59 @@ def _child(work_fd: int, write_fd: int, confined: bool) -> None:
             results.write(line.encode("utf-8", "replace") + b"\n")
     finally:
         os._exit(0)
+
+
+TAMPERED = "the environment modified the framework"
+"""How a result begins when the environment changed what the runner relies on."""
+GUARDED_MODULES = (
+    "builtins",
+    "shared",
+    "shared.environment",
+    "json",
+    "json.decoder",
+    "json.encoder",
+    "json.scanner",
+    "marshal",
+    "confine",
+)
+"""Modules whose contents the runner relies on in a child, besides its own (`Framework`)."""
+
+
+class Framework:
+    """What the runner holds of its own module and of `GUARDED_MODULES`, taken before any
+    environment code runs in the child: `changed` tells whether the modules still expose
+    exactly those objects (the runner looks some of them up at every call: `grade_value`).
+
+    Environment code can reach every object of its process (through module attributes, or
+    `string.Formatter` field lookups on names built at run time), this one included, so this
+    detects tampering without preventing it: what keeps a child from forging anything beyond
+    its own request's results is the host, which checks every result (`results.py`)."""
+
+    def __init__(self) -> None:
+        self.held = [
+            (name, module, list(vars(module)), list(vars(module).values()))
+            for name in (__name__, *GUARDED_MODULES)
+            if (module := sys.modules.get(name)) is not None
+        ]
+
+    def changed(self) -> str | None:
+        """What was changed (a module replaced, a name rebound, added or removed), or None."""
+        modules = sys.modules
+        for name, module, keys, values in self.held:
+            shown = "the runner" if name == __name__ else name
+            if modules.get(name) is not module:
+                return f"sys.modules[{name!r}] was replaced"
+            now = vars(module)
+            if list(now) == keys and all(map(operator.is_, now.values(), values)):
+                continue
+            for key, value in zip(keys, values, strict=True):
+                if key not in now:
+                    return f"{shown}.{key} was removed"
+                if now[key] is not value:
+                    return f"{shown}.{key} was replaced"
+            added = next((str(key) for key in now if key not in keys), "?")
+            return f"{shown}.{added[:60]} was added"
+        return None
 
 
 def _close_others(keep: tuple[int, ...]) -> None:
@@ -526,6 +596,7 @@ def run_op(env: Any, op: Any, kept: dict[int, dict[str, Any]], index: int) -> di
         result = _instance(env, op)
         if result["ok"]:
             kept[index] = result["value"]
+            result = {**result, "value": _sendable(result["value"])}
         return result
     if kind == "score":
         return _score(env, op, kept)
@@ -610,6 +681,20 @@ def _instance(env: Any, op: dict[str, Any]) -> dict[str, Any]:
         "reference_type": type(reference).__name__,
     }
     return {"ok": True, "value": value, "seconds": seconds}
+
+
+def _sendable(value: dict[str, Any]) -> dict[str, Any]:
+    """An instance op's value as the host gets it: an instance or reference that does not
+    survive JSON unchanged (which L2 rejects: `round_trip` says so) goes as {} or null, since
+    JSON may not even write it (NaN, infinities, integers past Python's digit limit)."""
+    trips = value["round_trip"]
+    if trips["instance"] and trips["reference"]:
+        return value
+    return {
+        **value,
+        "instance": value["instance"] if trips["instance"] else {},
+        "reference": value["reference"] if trips["reference"] else None,
+    }
 
 
 def _score(env: Any, op: dict[str, Any], kept: dict[int, dict[str, Any]]) -> dict[str, Any]:
