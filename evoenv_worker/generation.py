@@ -37,10 +37,15 @@ log = structlog.get_logger(__name__)
 
 
 def propose(ctx: WorkerContext, job: ProposalJob) -> list[ValidateJob]:
-    """Sample G candidates; open their generation group; one validation job per candidate."""
+    """Sample G candidates; open their generation group; one validation job per candidate
+    (none for a group the learner gave up on, expired before or while its proposal ran)."""
     from evoenv_worker.generate import record
     from evoenv_worker.propose import extract_code, prompt_text
 
+    tracker = GroupTracker(ctx.redis(), job.run)
+    if tracker.expired(generation_key(job.group_id)):
+        log.info("proposal_skipped", group_id=job.group_id, detail="its group expired")
+        return []
     sampling = Sampling(n=job.group_size, temperature=job.temperature, max_tokens=job.max_tokens)
     completions = [record(c) for c in ctx.inference().chat(job.messages, sampling)]
     prompt = prompt_text(job.messages)
@@ -56,6 +61,9 @@ def propose(ctx: WorkerContext, job: ProposalJob) -> list[ValidateJob]:
             "completions": [c.model_dump(mode="json") for c in completions],
         },
     )
+    if tracker.expired(generation_key(job.group_id)):
+        log.info("proposal_skipped", group_id=job.group_id, detail="its group expired meanwhile")
+        return []
     jobs = []
     for index, completion in enumerate(completions):
         ref = CandidateRef(

@@ -96,3 +96,8 @@ class GroupTracker:
             keys=[keys.group_record(self.run, group_id)], args=[EXPIRED, ttl_seconds]
         )
         return int(closed) == 1
+
+    def expired(self, group_id: str) -> bool:
+        """Whether `expire` closed the group."""
+        mark = self.client.hget(keys.group_record(self.run, group_id), "__completed__")
+        return bool(mark == EXPIRED.encode())

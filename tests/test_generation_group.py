@@ -13,12 +13,12 @@ import pytest
 from evoenv_learner.pool import seed_pool
 from evoenv_worker.admission import generation_key
 from evoenv_worker.context import WorkerContext
-from evoenv_worker.generation import expire_group, finalize_group, open_group
+from evoenv_worker.generation import expire_group, finalize_group, open_group, propose
 from evoenv_worker.novelty import DIMENSION, RECIPE
 from shared.config import Settings
 from shared.db import source_sha
 from shared.groups import GroupTracker
-from shared.messages import MECHANICAL_STAGES, StageReport, ValidationReport
+from shared.messages import MECHANICAL_STAGES, ProposalJob, StageReport, ValidationReport
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
 RUN = "gen-test"
@@ -188,3 +188,17 @@ def test_a_group_whose_proposal_never_ran_expires_with_no_records(ctx: WorkerCon
     assert expire_group(ctx, RUN, "g3", "its proposal failed: boom") is True
     open_group(ctx, RUN, "g3", 2, {"prompt": "p", "completions": [{"text": ""}] * 2})
     assert GroupTracker(ctx.redis(), RUN).results(generation_key("g3")) == {}, "stays closed"
+
+
+class NoModel:
+    def chat(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("an expired group's proposal must not sample")
+
+
+def test_the_proposal_of_an_expired_group_samples_and_sends_nothing(ctx: WorkerContext) -> None:
+    job = ProposalJob(
+        run=RUN, group_id="g4", messages=[], parents=[], group_size=2, temperature=0.7, max_tokens=8
+    )
+    assert expire_group(ctx, RUN, "g4", "not in the stream 60 s after it was sent") is True
+    ctx._inference = NoModel()  # type: ignore[assignment]
+    assert propose(ctx, job) == []
