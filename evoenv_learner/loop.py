@@ -128,7 +128,7 @@ async def run(
     With `parallel` (rank 0 of a torchrun group, see `distributed.py`), the other ranks train
     beside this one: they get the model folder here and the steps through the trainer."""
     from evoenv_learner.checkpoints import latest_checkpoint
-    from evoenv_learner.publisher import PushFailed, ReloadPublisher
+    from evoenv_learner.publisher import PushFailed, make_publisher
     from evoenv_learner.trainer import StepInterrupted, Trainer
     from evoenv_worker.app import configure
     from evoenv_worker.context import WorkerContext
@@ -156,8 +156,8 @@ async def run(
         device=parallel.device if parallel else None,
         parallel=parallel,
     )
-    publisher = ReloadPublisher(
-        settings.vllm_urls, sync_redis, run_dir / "weights", current=model_path
+    publisher = await asyncio.to_thread(
+        make_publisher, settings, sync_redis, trainer.model, run_dir / "weights", model_path
     )
     state = LearnerState(version=read_version(sync_redis))
     extra: dict[str, Any] = {}

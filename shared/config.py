@@ -253,8 +253,6 @@ class LearnerSettings(BaseModel):
     """Solver groups kept in flight through the queues."""
     generator_groups_in_flight: int = Field(1, ge=0)
     """Generation groups (proposals + admission) kept in flight."""
-    generator_share: float = Field(0.25, ge=0, le=1)
-    """Share of trained groups that are generator groups (the solver/generator mix)."""
     generation_deadline: float = Field(3600.0, gt=0)
     """Seconds a generation group may take (proposal, L1-L5, model stages); past it, it expires."""
     stream_backlog: int = Field(16, ge=1)
@@ -271,8 +269,6 @@ class LearnerSettings(BaseModel):
     parameter); a new one is complete before the oldest is removed."""
     push_every: int = Field(1, ge=1)
     """Push the new weights to the vLLM servers every k steps."""
-    publisher: Literal["reload", "nccl"] = "reload"
-    """How weights reach the servers: safetensors + reload_weights (CPU and GPU) or NCCL (GPU)."""
     eval_every: int = Field(10, ge=1)
     """Evaluate the served policy on held-out instances every k steps."""
     eval_instances: int = Field(16, ge=1)
