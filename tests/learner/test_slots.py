@@ -20,6 +20,7 @@ from evoenv_learner.pool import PoolEntry
 from shared.config import Settings
 from shared.messages import GradedCompletion, GradedGroup, ProposalJob
 
+pytestmark = pytest.mark.timeout(30)
 SEED = Path(__file__).resolve().parents[2] / "seeds" / "sort_words.py"
 ENTRY = PoolEntry(
     sha="s", name="sort_words", source=SEED.read_text(), origin="seed", difficulty=None
