@@ -295,7 +295,7 @@ async def run(
                     )
                     if stale:
                         state.stale_at_step += len(stale)
-                        state.stale_dropped += len(stale)
+                        state.stale_dropped = consumer.stats.stale + state.stale_at_step
                         orchestrator.dropped_at_step(len(stale))
                         carry = fresh  # topped up from the queue, then checked again
                         continue
