@@ -11,11 +11,14 @@ Exactly-once training over at-least-once delivery:
   are in the weights already), then the consumer re-reads its own pending entries (read but
   not in any checkpoint: the weights were rolled back, so training on them again is right);
 - entries left pending by a dead consumer for `claim_idle_ms` are reclaimed (XAUTOCLAIM);
-- groups older than `max_staleness` policy versions are dropped, counted and logged.
+- groups older than `max_staleness` policy versions are dropped, counted and logged;
+- a dropped group (stale, or malformed but naming its group) is handed to the learner by
+  `take_dropped`, so that the slot it held in the orchestrator is freed.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
@@ -40,6 +43,18 @@ class ConsumerStats:
     reclaimed: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """A group read from the stream and not trained: its slot is to be freed all the same."""
+
+    group_id: str
+    role: str
+    why: str
+    """`stale` or `malformed`."""
+    funnel: tuple[str, ...] = ()
+    """A generation group's admission outcomes, one per candidate (they happened)."""
+
+
 @dataclass
 class RolloutConsumer:
     client: aioredis.Redis
@@ -51,6 +66,7 @@ class RolloutConsumer:
     _unacked: list[str] = field(default_factory=list)
     """Ids consumed (trained, dropped or malformed) since the last checkpoint."""
     _seen: set[str] = field(default_factory=set)
+    _dropped: list[Dropped] = field(default_factory=list)
     _backlog_done: bool = False
     _backlog_cursor: str = "0"
 
@@ -127,9 +143,14 @@ class RolloutConsumer:
         except (ValidationError, KeyError) as exc:
             self.stats.malformed += 1
             log.error("rollout_malformed", entry=entry_id, error=str(exc)[:300])
+            named = _named(fields)
+            if named is not None:
+                self._dropped.append(Dropped(*named, why="malformed"))
             return None
         if current_version - group.policy_version > self.max_staleness:
             self.stats.stale += 1
+            funnel = tuple(str(o) for o in group.data.get("funnel", []))
+            self._dropped.append(Dropped(group.group_id, group.role, "stale", funnel))
             log.info(
                 "rollout_stale",
                 entry=entry_id,
@@ -140,6 +161,11 @@ class RolloutConsumer:
             return None
         self.stats.read += 1
         return group
+
+    def take_dropped(self) -> list[Dropped]:
+        """The groups dropped since the last call."""
+        dropped, self._dropped = self._dropped, []
+        return dropped
 
     @property
     def has_unacknowledged(self) -> bool:
@@ -170,6 +196,20 @@ class RolloutConsumer:
                 lag = info.get("lag")
                 return int(lag) if lag is not None else 0
         return 0
+
+
+def _named(fields: dict[bytes, bytes]) -> tuple[str, str] | None:
+    """The group id and role a malformed entry still names, if it does."""
+    try:
+        raw = json.loads(fields[b"group"])
+    except (KeyError, ValueError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    group_id, role = raw.get("group_id"), raw.get("role")
+    if not isinstance(group_id, str) or role not in ("solver", "generator"):
+        return None
+    return group_id, role
 
 
 def _id(value: bytes | str) -> str:

@@ -11,6 +11,14 @@ on, and so does a terminal that goes away without a SIGHUP reaching the learner;
 `nohup` hangups stay ignored.
 `resume=True` continues from the last checkpoint: its weights are pushed to every server as
 version max(checkpoint, Redis) + 1, so a version number is never reused.
+
+Every group the orchestrator sent frees its slot whatever becomes of it: read and trained,
+skipped for no reward variance, dropped as stale or malformed where read (`settle_read`,
+`settle_dropped`); a chain or proposal that fails or is lost is the orchestrator's to reap.
+Staleness (`learner.max_staleness`: versions between the policy that sampled a completion and
+the step that trains on it) is checked where a group is read and again at the step that would
+use it (`split_stale`): a group that aged past it while queued is dropped there, counted
+(`stale_at_step`) and logged with its version and the step's.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +37,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import structlog
 
-from evoenv_learner.consumer import RolloutConsumer
+from evoenv_learner.consumer import Dropped, RolloutConsumer
 from evoenv_learner.distributed import DataParallel
 from evoenv_learner.evaluate import evaluate
 from evoenv_learner.grpo import group_advantages
@@ -51,6 +59,9 @@ class LearnerState:
     step: int = 0
     version: int = 0
     stale_dropped: int = 0
+    """Groups dropped as stale, where read and at the step."""
+    stale_at_step: int = 0
+    """Of those, the ones that aged past `max_staleness` while queued for a step."""
     skipped_groups: int = 0
     funnel: dict[str, int] = field(default_factory=dict)
     last_metrics: dict[str, Any] = field(default_factory=dict)
@@ -117,9 +128,11 @@ async def run(
     With `parallel` (rank 0 of a torchrun group, see `distributed.py`), the other ranks train
     beside this one: they get the model folder here and the steps through the trainer."""
     from evoenv_learner.checkpoints import latest_checkpoint
-    from evoenv_learner.publisher import PushFailed, ReloadPublisher, push_dtype
+    from evoenv_learner.publisher import PushFailed, make_publisher
     from evoenv_learner.trainer import StepInterrupted, Trainer
     from evoenv_worker.app import configure
+    from evoenv_worker.context import WorkerContext
+    from evoenv_worker.generation import expire_group
     from evoenv_worker.models import prepare_model
     from shared.redis_client import connect
 
@@ -143,12 +156,8 @@ async def run(
         device=parallel.device if parallel else None,
         parallel=parallel,
     )
-    publisher = ReloadPublisher(
-        settings.vllm_urls,
-        sync_redis,
-        run_dir / "weights",
-        current=model_path,
-        dtype=push_dtype(settings),
+    publisher = await asyncio.to_thread(
+        make_publisher, settings, sync_redis, trainer.model, run_dir / "weights", model_path
     )
     state = LearnerState(version=read_version(sync_redis))
     extra: dict[str, Any] = {}
@@ -168,7 +177,15 @@ async def run(
     consumer = RolloutConsumer(client, settings.run, "learner", settings.learner.max_staleness)
     await consumer.start(list(extra.get("unacked", [])))
     rng = random.Random(extra.get("orchestrator_seed", time.time_ns()))
-    orchestrator = Orchestrator(settings, pool, consumer.backlog, rng=rng)
+    expiring = WorkerContext(settings, _redis=sync_redis, _archive=archive)
+    orchestrator = Orchestrator(
+        settings,
+        pool,
+        consumer.backlog,
+        rng=rng,
+        expire_group=lambda group_id, why: expire_group(expiring, settings.run, group_id, why),
+        funnel=state.funnel,
+    )
     orchestrator.levels.update({str(k): int(v) for k, v in extra.get("levels", {}).items()})
     orchestrator.spread.update({str(k): list(v) for k, v in extra.get("spread", {}).items()})
     metrics = MetricsSink(settings, archive, run_dir / "tensorboard")
@@ -225,36 +242,11 @@ async def run(
     async def consume() -> None:
         while not stop.is_set():
             groups = await consumer.read(settings.grpo.batch_groups, 1000, state.version)
-            state.stale_dropped = consumer.stats.stale
+            state.stale_dropped = consumer.stats.stale + state.stale_at_step
+            settle_dropped(consumer.take_dropped(), orchestrator, state.funnel)
             for group in groups:
-                if group.role == "generator":
-                    orchestrator.generation_done(group.group_id)
-                    for outcome in group.data.get("funnel", []):
-                        state.funnel[outcome] = state.funnel.get(outcome, 0) + 1
-                elif group.data.get("over_budget"):
-                    orchestrator.over_budget(group.env_sha, group.difficulty)
-                    orchestrator.solver_settled(group.group_id, trained=False)
-                    continue
-                rewards = [c.reward for c in group.completions]
-                trainable = group_advantages(rewards, group.role, settings.grpo) is not None
-                if group.role != "generator":
-                    await asyncio.to_thread(_record_gradings, pool, group)
-                    scored = [c for c in group.completions if c.reward is not None]
-                    orchestrator.record_outcome(
-                        group.env_sha,
-                        group.difficulty,
-                        sum(c.reward == 1.0 for c in scored),
-                        len(scored),
-                        spread=trainable,
-                    )
-                    orchestrator.solver_settled(group.group_id, trained=trainable)
-                if not trainable:
-                    state.skipped_groups += 1  # no reward variance: nothing to learn from
-                    log.info(
-                        "group_skipped", group=group.group_id, role=group.role, rewards=rewards
-                    )
-                    continue
-                await _put(queue, group, stop)
+                if await settle_read(group, orchestrator, pool, state, settings):
+                    await _put(queue, group, stop)
 
     weights = asyncio.Lock()
     """Held while the trainer steps or a push reads the weights."""
@@ -289,14 +281,25 @@ async def run(
     async def train() -> None:
         last_checkpoint = state.step
         push_owed = False
+        carry: list[GradedGroup] = []  # the fresh part of a batch that lost stale groups
         try:
             while not stop.is_set() and (
                 not settings.learner.steps or state.step < settings.learner.steps
             ):
-                batch = await _batch(queue, settings.grpo.batch_groups, stop)
+                batch = await _batch(queue, settings.grpo.batch_groups, stop, carry)
                 if not batch:
                     continue
-                async with weights:
+                async with weights:  # no push can bump the version from here to the step
+                    fresh, stale = split_stale(
+                        batch, state.version, settings.learner.max_staleness, state.step + 1
+                    )
+                    if stale:
+                        state.stale_at_step += len(stale)
+                        state.stale_dropped = consumer.stats.stale + state.stale_at_step
+                        orchestrator.dropped_at_step(len(stale))
+                        carry = fresh  # topped up from the queue, then checked again
+                        continue
+                    carry = []
                     try:
                         step_metrics = await asyncio.to_thread(trainer.step, batch)
                     except StepInterrupted:
@@ -322,6 +325,7 @@ async def run(
                     version=state.version,
                     zero_variance_skipped=state.skipped_groups,
                     stale_dropped=state.stale_dropped,
+                    stale_at_step=state.stale_at_step,
                     in_flight_solver=len(orchestrator.solver_in_flight),
                     in_flight_generator=len(orchestrator.generator_in_flight),
                     queue=queue.qsize(),
@@ -387,6 +391,82 @@ def run_process(settings: Settings, *, resume: bool = False) -> LearnerState | N
     return asyncio.run(run(settings, resume=resume, parallel=parallel))
 
 
+async def settle_read(
+    group: GradedGroup,
+    orchestrator: Orchestrator,
+    pool: Pool,
+    state: LearnerState,
+    settings: Settings,
+) -> bool:
+    """Settle a group read from the stream with the orchestrator (its slot, its level, the
+    funnel); True if it goes to the trainer, False if it is skipped (over the prompt budget,
+    or no reward variance: nothing to learn from)."""
+    if group.role == "generator":
+        orchestrator.generation_done(group.group_id)
+        _count(state.funnel, group.data.get("funnel", []))
+    elif group.data.get("over_budget"):
+        orchestrator.over_budget(group.env_sha, group.difficulty)
+        orchestrator.solver_settled(group.group_id, trained=False)
+        return False
+    rewards = [c.reward for c in group.completions]
+    trainable = group_advantages(rewards, group.role, settings.grpo) is not None
+    if group.role != "generator":
+        await asyncio.to_thread(_record_gradings, pool, group)
+        scored = [c for c in group.completions if c.reward is not None]
+        orchestrator.record_outcome(
+            group.env_sha,
+            group.difficulty,
+            sum(c.reward == 1.0 for c in scored),
+            len(scored),
+            spread=trainable,
+        )
+        orchestrator.solver_settled(group.group_id, trained=trainable)
+    if not trainable:
+        state.skipped_groups += 1
+        log.info("group_skipped", group=group.group_id, role=group.role, rewards=rewards)
+    return trainable
+
+
+def settle_dropped(
+    dropped: Sequence[Dropped], orchestrator: Orchestrator, funnel: dict[str, int]
+) -> None:
+    """Free the slots of groups the consumer dropped (stale, malformed); a stale generation
+    group's candidates were judged all the same, so its funnel counts."""
+    for group in dropped:
+        if group.role == "generator":
+            orchestrator.generation_done(group.group_id)
+            _count(funnel, group.funnel)
+        else:
+            orchestrator.solver_settled(group.group_id, trained=False)
+
+
+def split_stale(
+    batch: Sequence[GradedGroup], version: int, max_staleness: int, step: int
+) -> tuple[list[GradedGroup], list[GradedGroup]]:
+    """The groups of `batch` a step at policy `version` may train on, and those sampled more
+    than `max_staleness` versions before it (each logged with its version and the step's)."""
+    fresh, stale = [], []
+    for group in batch:
+        if version - group.policy_version > max_staleness:
+            stale.append(group)
+            log.info(
+                "rollout_stale_at_step",
+                group=group.group_id,
+                role=group.role,
+                version=group.policy_version,
+                step_version=version,
+                step=step,
+            )
+        else:
+            fresh.append(group)
+    return fresh, stale
+
+
+def _count(funnel: dict[str, int], outcomes: Sequence[str]) -> None:
+    for outcome in outcomes:
+        funnel[outcome] = funnel.get(outcome, 0) + 1
+
+
 def _record_gradings(pool: Pool, group: GradedGroup) -> None:
     errors = sum(c.outcome == "env_error" for c in group.completions)
     passes = sum(c.reward == 1.0 for c in group.completions)
@@ -411,10 +491,13 @@ async def _put(queue: asyncio.Queue[GradedGroup], group: GradedGroup, stop: asyn
 
 
 async def _batch(
-    queue: asyncio.Queue[GradedGroup], size: int, stop: asyncio.Event
+    queue: asyncio.Queue[GradedGroup],
+    size: int,
+    stop: asyncio.Event,
+    carry: Sequence[GradedGroup] = (),
 ) -> list[GradedGroup]:
-    """`size` groups, or fewer if the learner is stopping."""
-    batch: list[GradedGroup] = []
+    """`carry` topped up to `size` groups from the queue; none if the learner is stopping."""
+    batch = list(carry)
     while len(batch) < size and not stop.is_set():
         try:
             batch.append(await asyncio.wait_for(queue.get(), timeout=1.0))

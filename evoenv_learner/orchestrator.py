@@ -16,7 +16,11 @@ its own count.
 
 Generator side: a proposal prompt from a few pool members, sent to `propose` (generation),
 whose candidates go through admission; the generation group lands in the stream when its last
-candidate is done.
+candidate is done. Its slot is freed when it is read from the stream (trained, skipped or
+dropped: `generation_done`), or when it cannot arrive: its proposal failed for good, or
+`learner.generation_deadline` passed. Such a group is finalised as expired (`expire_group`:
+its record closed, its candidates' archive records saying so, no reward), counted in the
+funnel as G `expired` candidates and logged (`generation_group_expired`).
 
 Serving difficulty (beyond the reference design): `search_serving` finds, for each admitted
 environment in turn, the level whose solver pass rate is nearest the target (`difficulty.py`)
@@ -96,7 +100,13 @@ class Orchestrator:
     """Coroutine function: how many graded groups wait unread in the stream."""
     rng: random.Random = field(default_factory=random.Random)
     solver_in_flight: dict[str, Any] = field(default_factory=dict)
-    generator_in_flight: set[str] = field(default_factory=set)
+    generator_in_flight: dict[str, Any] = field(default_factory=dict)
+    """Generation groups sent and not yet read: each one's `propose` AsyncResult."""
+    expire_group: Callable[[str, str], bool] | None = None
+    """Finalise a generation group as expired, given why (`generation.expire_group`); False
+    when it completed first. None: only its slot is freed (tests)."""
+    funnel: dict[str, int] = field(default_factory=dict)
+    """Admission outcomes counted per candidate (the learner's funnel, shared with it)."""
     ceilings: dict[str, int] = field(default_factory=dict)
     """Per environment: the highest difficulty whose prompt fits the prompt budget."""
     sent: dict[str, int] = field(default_factory=lambda: {"solver": 0, "generator": 0})
@@ -117,20 +127,20 @@ class Orchestrator:
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def run(self, stop: asyncio.Event) -> None:
-        from evoenv_worker import tasks
-
         synchronous = self.settings.learner.synchronous
         if synchronous and self.settings.learner.generator_groups_in_flight:
             log.warning("synchronous_mode", detail="no generation groups are sent")
         while not stop.is_set():
             self._reap()
+            for group_id, reason in self._generation_lost():
+                await self._expire_generation(group_id, reason)
             if await self.backlog() < self.settings.learner.stream_backlog:
                 for _ in range(self.solver_wanted()):
                     self._send_solver()
                 while not synchronous and (
                     len(self.generator_in_flight) < self.settings.learner.generator_groups_in_flight
                 ):
-                    self._send_generator(tasks)
+                    self._send_generator()
             await self._pause(stop, SEND_POLL_SECONDS)
 
     async def _pause(self, stop: asyncio.Event, seconds: float) -> None:
@@ -160,6 +170,13 @@ class Orchestrator:
             if not trained:
                 self._wake.set()
 
+    def dropped_at_step(self, groups: int) -> None:
+        """Groups counted as trained were dropped at the step (stale by then): synchronous
+        mode replaces them in their round."""
+        if self.settings.learner.synchronous:
+            self.round_trained = max(0, self.round_trained - groups)
+            self._wake.set()
+
     def batch_trained(self) -> None:
         """The trainer took a batch, stepped and pushed: synchronous mode's next round."""
         if self.settings.learner.synchronous:
@@ -167,8 +184,9 @@ class Orchestrator:
             self._wake.set()
 
     def generation_done(self, group_id: str) -> None:
-        """A generation group reached the stream."""
-        self.generator_in_flight.discard(group_id)
+        """A generation group was read from the stream (trained, skipped or dropped)."""
+        self.generator_in_flight.pop(group_id, None)
+        self._sent_at.pop(group_id, None)
 
     def over_budget(self, env_sha: str, difficulty: int) -> None:
         """A prompt at `difficulty` did not fit: serve this environment one level easier."""
@@ -440,7 +458,41 @@ class Orchestrator:
 
     # ---------------------------------------------------------------------------- generator
 
-    def _send_generator(self, tasks: Any) -> None:
+    def _generation_lost(self) -> list[tuple[str, str]]:
+        """Generation groups that cannot arrive, and why: the proposal failed for good, or the
+        group is past `learner.generation_deadline` (a job lost, a stage that never ended)."""
+        deadline = self.settings.learner.generation_deadline
+        now = time.monotonic()
+        lost = []
+        for group_id, result in self.generator_in_flight.items():
+            if result is not None and result.ready() and result.failed():
+                lost.append((group_id, f"its proposal failed: {str(result.result)[:300]}"))
+            elif now - self._sent_at.get(group_id, now) > deadline:
+                lost.append((group_id, f"not in the stream {deadline:g} s after it was sent"))
+        return lost
+
+    async def _expire_generation(self, group_id: str, reason: str) -> None:
+        """Stop waiting for a generation group: free its slot and finalise it as expired
+        (unless it completed meanwhile: then it is trained if it arrives, like any other)."""
+        self.generator_in_flight.pop(group_id, None)
+        self._sent_at.pop(group_id, None)
+        expired = True
+        if self.expire_group is not None:
+            expired = await asyncio.to_thread(self.expire_group, group_id, reason)
+        if not expired:
+            log.warning("generation_group_overdue", group_id=group_id, reason=reason)
+            return
+        size = self.settings.grpo.group_size
+        self.funnel["expired"] = self.funnel.get("expired", 0) + size
+        log.warning("generation_group_expired", group_id=group_id, reason=reason, candidates=size)
+
+    def send_proposal(self, job: ProposalJob) -> Any:
+        """Send `job` to `propose`; its AsyncResult."""
+        from evoenv_worker import tasks
+
+        return tasks.propose.apply_async(args=[job.model_dump(mode="json")])
+
+    def _send_generator(self) -> None:
         members = self.pool.members
         examples = choose_examples(
             [Example(m.name, self.info(m).oracle, m.source, m.sha, m.solve_rate) for m in members],
@@ -458,8 +510,8 @@ class Orchestrator:
             temperature=g.generator_temperature,
             max_tokens=g.generator_max_tokens,
         )
-        tasks.propose.apply_async(args=[job.model_dump(mode="json")])
-        self.generator_in_flight.add(job.group_id)
+        self.generator_in_flight[job.group_id] = self.send_proposal(job)
+        self._sent_at[job.group_id] = time.monotonic()
         self.sent["generator"] += 1
         log.info(
             "generation_group_sent",

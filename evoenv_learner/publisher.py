@@ -9,6 +9,9 @@ One interface, `WeightPublisher.publish(model) -> version`, two mechanisms:
   i.e. `EVOENV_SERVE__WEIGHT_PUSH=nccl`). UNTESTED where no GPU is present: written against
   vLLM 0.32's `vllm.distributed.weight_transfer.nccl_engine`.
 
+The learner builds its publisher with `make_publisher`: `serve.weight_push`, the setting that
+starts the servers, chooses the mechanism for both.
+
 The push sequence (DESIGN.md, "Policy versions"): pause every server (in-flight requests
 finish; new ones queue), load the new weights on each, reset its prefix cache and label its
 weights with the new version, bump the version in Redis once every server serves them, and
@@ -36,7 +39,6 @@ import structlog
 import torch
 
 from evoenv_learner.checkpoints import disk_full_as_error, require_space, tensor_bytes
-from evoenv_worker.models import resolve_model_path
 from shared import policy
 from shared.config import Settings
 from shared.errors import EvoEnvError, ServiceUnavailable
@@ -417,11 +419,15 @@ def make_publisher(
     settings: Settings,
     redis_client: redis.Redis,
     model: torch.nn.Module,
+    push_dir: Path,
+    current: Path,
     *,
     master_address: str = "127.0.0.1",
     master_port: int = 29600,
 ) -> WeightPublisher:
-    """The mechanism `settings.serve.weight_push` selects, for `settings.vllm_urls`."""
+    """The mechanism `settings.serve.weight_push` selects, for `settings.vllm_urls`: NCCL
+    streaming `model`, or reload from folders under `push_dir` (`current`: the folder the
+    servers serve now, put back if a push fails)."""
     if settings.serve.weight_push == "nccl":
         return NcclPublisher(
             settings.vllm_urls,
@@ -431,9 +437,5 @@ def make_publisher(
             master_port=master_port,
         )
     return ReloadPublisher(
-        settings.vllm_urls,
-        redis_client,
-        settings.data_dir / "weights",
-        resolve_model_path(settings),
-        dtype=push_dtype(settings),
+        settings.vllm_urls, redis_client, push_dir, current, dtype=push_dtype(settings)
     )

@@ -86,9 +86,7 @@ def begin(ctx: WorkerContext, job: ValidateJob, report: ValidationReport) -> Sta
         json.dumps({"job": job.model_dump(mode="json"), "report": report.model_dump(mode="json")}),
         ex=KEEP_SECONDS,
     )
-    GroupTracker(client, stage_job.run).open(
-        candidate_key(job.job_id), list(MODEL_STAGES), ctx.settings.admission.group_deadline
-    )
+    GroupTracker(client, stage_job.run).open(candidate_key(job.job_id), list(MODEL_STAGES))
     return stage_job
 
 

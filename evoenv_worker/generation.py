@@ -1,6 +1,10 @@
 """Generation groups: sample G candidates, then, when every candidate's admission is done,
 compare them in candidate order (in-group novelty), compute gamma and every reward, record the
-candidates in the archive and append the group to the rollout stream (generator role)."""
+candidates in the archive and append the group to the rollout stream (generator role).
+
+A group the learner stops waiting for (past `learner.generation_deadline`, or its proposal
+failed for good) is finalised as expired (`expire_group`): its record is closed, so nothing of
+it reaches the stream later, and its candidates' archive records say it expired; no reward."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import structlog
 from evoenv_worker.admission import KEEP_SECONDS, admission_stats, embedding_of, generation_key
 from shared import keys
 from shared.config import Settings
+from shared.db import source_sha
 from shared.groups import GroupTracker
 from shared.inference import Sampling
 from shared.messages import (
@@ -32,10 +37,15 @@ log = structlog.get_logger(__name__)
 
 
 def propose(ctx: WorkerContext, job: ProposalJob) -> list[ValidateJob]:
-    """Sample G candidates; open their generation group; one validation job per candidate."""
+    """Sample G candidates; open their generation group; one validation job per candidate
+    (none for a group the learner gave up on, expired before or while its proposal ran)."""
     from evoenv_worker.generate import record
     from evoenv_worker.propose import extract_code, prompt_text
 
+    tracker = GroupTracker(ctx.redis(), job.run)
+    if tracker.expired(generation_key(job.group_id)):
+        log.info("proposal_skipped", group_id=job.group_id, detail="its group expired")
+        return []
     sampling = Sampling(n=job.group_size, temperature=job.temperature, max_tokens=job.max_tokens)
     completions = [record(c) for c in ctx.inference().chat(job.messages, sampling)]
     prompt = prompt_text(job.messages)
@@ -51,6 +61,9 @@ def propose(ctx: WorkerContext, job: ProposalJob) -> list[ValidateJob]:
             "completions": [c.model_dump(mode="json") for c in completions],
         },
     )
+    if tracker.expired(generation_key(job.group_id)):
+        log.info("proposal_skipped", group_id=job.group_id, detail="its group expired meanwhile")
+        return []
     jobs = []
     for index, completion in enumerate(completions):
         ref = CandidateRef(
@@ -80,11 +93,7 @@ def open_group(
     """A generation group of `size` candidates; `meta` (prompt, parents) is kept with it."""
     client = ctx.redis()
     client.set(keys.candidate(run, generation_key(group_id)), json.dumps(meta), ex=KEEP_SECONDS)
-    GroupTracker(client, run).open(
-        generation_key(group_id),
-        [str(i) for i in range(size)],
-        ctx.settings.admission.group_deadline,
-    )
+    GroupTracker(client, run).open(generation_key(group_id), [str(i) for i in range(size)])
 
 
 def finalize_group(ctx: WorkerContext, run: str, group_id: str) -> GradedGroup:
@@ -201,6 +210,47 @@ def finalize_group(ctx: WorkerContext, run: str, group_id: str) -> GradedGroup:
     return group
 
 
+def expire_group(ctx: WorkerContext, run: str, group_id: str, reason: str) -> bool:
+    """Finalise a generation group as expired, unless it completed first (its group is then on
+    its way to the stream): close its record, then record each candidate as expired. A
+    candidate whose admission was done gets its environment row, rejected with the funnel
+    outcome `expired` and no reward; one still running gets a validation report with verdict
+    `error` under its job id (so its own late report is not recorded). True if it expired."""
+    from evoenv_worker.propose import extract_code
+
+    client = ctx.redis()
+    if not GroupTracker(client, run).expire(generation_key(group_id)):
+        return False
+    archive = ctx.archive()
+    meta = json.loads(client.get(keys.candidate(run, generation_key(group_id))) or "{}")
+    members = GroupTracker(client, run).results(generation_key(group_id))
+    why = f"expired: {reason}"
+    for position, member in sorted(members.items(), key=lambda item: int(item[0])):
+        job_id = f"{group_id}-{position}"
+        if member is not None and "report" in member:
+            row = {
+                "member": member,
+                "report": ValidationReport.model_validate(member["report"]),
+                "failed": "expired",
+                "embedding": None,
+                "known": _known_status(ctx, member),
+            }
+            _record_candidate(ctx, row, meta, None, expired=why)
+            continue
+        completion = meta.get("completions", [])[int(position)]
+        source = extract_code(str(completion.get("text", "")), str(meta.get("prompt", "")))
+        expired = ValidationReport(
+            file=f"candidate_{group_id}_{position}.py",
+            name=None,
+            verdict="error",
+            failed_stage=None,
+            stages=[],
+            error=why,
+        )
+        archive.record_validation(job_id, source_sha(source), expired, adhoc=False)
+    return True
+
+
 def _gamma(client: Any, run: str, embeddings: list[Any], settings: Settings) -> float:
     """gamma from the mean in-group similarity of the last few generation groups."""
     from evoenv_worker.novelty import similarity
@@ -241,9 +291,14 @@ def _known_status(ctx: WorkerContext, member: dict[str, Any] | None) -> str | No
 
 
 def _record_candidate(
-    ctx: WorkerContext, row: dict[str, Any], meta: dict[str, Any], reward: dict[str, Any]
+    ctx: WorkerContext,
+    row: dict[str, Any],
+    meta: dict[str, Any],
+    reward: dict[str, Any] | None,
+    expired: str = "",
 ) -> None:
-    """The candidate in the archive: admitted only if every stage passed, with its lineage."""
+    """The candidate in the archive: admitted only if every stage passed, with its lineage
+    (`expired`: why its group expired, kept in its stats)."""
     report: ValidationReport | None = row["report"]
     sha = row["member"].get("sha")
     if report is None or not sha or not report.name:
@@ -259,6 +314,8 @@ def _record_candidate(
     clash = archive.by_name(report.name)
     admitted = row["failed"] is None and (clash is None or clash.sha == sha)
     stats = {**admission_stats(report), "reward": reward, "funnel": row["failed"] or "admitted"}
+    if expired:
+        stats["expired"] = expired
     if admitted:
         stats.setdefault("admitted_at", stats["judged_at"])
     else:

@@ -192,8 +192,6 @@ class AdmissionSettings(BaseModel):
     """Generator reward of a candidate failing L5."""
     reward_pass: float = 1.0
     """Base generator reward of a candidate passing L1-L5 (plus Q and B)."""
-    group_deadline: float = Field(1800.0, gt=0)
-    """Seconds after which members of a generation group still running are counted failed."""
     serving_rounds: int = Field(4, ge=0)
     """Rounds of the serving-difficulty search after admission (0: serve at calibration level)."""
 
@@ -254,13 +252,14 @@ class LearnerSettings(BaseModel):
     steps: int = Field(0, ge=0)
     """Optimiser steps to run before stopping (0: until stopped)."""
     max_staleness: int = Field(4, ge=0)
-    """Groups sampled more than this many policy versions ago are dropped (counted, logged)."""
+    """Most versions between the policy that sampled a completion and the step that trains on
+    it; a group staler than that, when read or at the step, is dropped (counted, logged)."""
     solver_groups_in_flight: int = Field(4, ge=0)
     """Solver groups kept in flight through the queues."""
     generator_groups_in_flight: int = Field(1, ge=0)
     """Generation groups (proposals + admission) kept in flight."""
-    generator_share: float = Field(0.25, ge=0, le=1)
-    """Share of trained groups that are generator groups (the solver/generator mix)."""
+    generation_deadline: float = Field(3600.0, gt=0)
+    """Seconds a generation group may take (proposal, L1-L5, model stages); past it, it expires."""
     stream_backlog: int = Field(16, ge=1)
     """Submit no new jobs while this many graded groups wait unread in the stream."""
     synchronous: bool = False
@@ -275,8 +274,6 @@ class LearnerSettings(BaseModel):
     parameter); a new one is complete before the oldest is removed."""
     push_every: int = Field(1, ge=1)
     """Push the new weights to the vLLM servers every k steps."""
-    publisher: Literal["reload", "nccl"] = "reload"
-    """How weights reach the servers: safetensors + reload_weights (CPU and GPU) or NCCL (GPU)."""
     eval_every: int = Field(10, ge=1)
     """Evaluate the served policy on held-out instances every k steps."""
     eval_instances: int = Field(16, ge=1)

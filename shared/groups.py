@@ -1,17 +1,17 @@
 """Multi-job groups tracked by an explicit record in Redis, with a deadline (not a chord).
 
 A group (the G candidates of one generation group, or the stages of one candidate) is a hash:
-one field per member (`pending`, or its JSON result once done), plus the deadline. Finishing a
-member and checking for completion is one Lua script, so exactly one caller sees the group
-complete. A member lost or killed past its retries is finished as failed, either by whoever
-handles its failure or, once the deadline passes, by `expire` for every member still pending:
-the group always completes.
+one field per member (`pending`, or its JSON result once done). Finishing a member and checking
+for completion is one Lua script, so exactly one caller sees the group complete. A member
+killed past its retries is finished as failed by whoever handles its failure, so the group
+still completes. A group that cannot complete in time (a member lost with no failure to
+handle) is closed by `expire` once the deadline its sender keeps has passed: from then on no
+finish completes it, and a late `open` finds it closed.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,7 +20,11 @@ import redis
 from shared import keys
 
 PENDING = "pending"
+TTL_SECONDS = 7 * 24 * 3600
+"""How long a group's record is kept in Redis."""
 _META = ("__deadline__", "__completed__")
+EXPIRED = "expired"
+"""The `__completed__` mark of a group closed by `expire`."""
 
 _FINISH = """
 local current = redis.call('HGET', KEYS[1], ARGV[1])
@@ -36,24 +40,26 @@ if redis.call('HSETNX', KEYS[1], '__completed__', '1') == 1 then return 1 end
 return 2
 """
 
+_EXPIRE = """
+if redis.call('HSETNX', KEYS[1], '__completed__', ARGV[1]) == 1 then
+  redis.call('EXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
 
 class GroupTracker:
     def __init__(self, client: redis.Redis, run: str) -> None:
         self.client = client
         self.run = run
         self._finish = client.register_script(_FINISH)
+        self._expire = client.register_script(_EXPIRE)
 
-    def open(
-        self,
-        group_id: str,
-        members: Sequence[str],
-        deadline_seconds: float,
-        ttl_seconds: int = 7 * 24 * 3600,
-    ) -> None:
-        """Create the record with every member pending (no-op if it exists)."""
+    def open(self, group_id: str, members: Sequence[str], ttl_seconds: int = TTL_SECONDS) -> None:
+        """Create the record with every member pending (no-op if it exists, or was expired)."""
         key = keys.group_record(self.run, group_id)
         mapping: dict[str, str] = {member: PENDING for member in members}
-        mapping["__deadline__"] = str(time.time() + deadline_seconds)
         with self.client.pipeline() as pipe:
             pipe.watch(key)
             if pipe.exists(key):
@@ -82,15 +88,16 @@ class GroupTracker:
             out[name] = None if value == PENDING.encode() else json.loads(value)
         return out
 
-    def expire(self, group_id: str, now: float | None = None) -> bool:
-        """Past the deadline, finish every pending member as failed; True if this completed it."""
-        key = keys.group_record(self.run, group_id)
-        deadline = self.client.hget(key, "__deadline__")
-        if deadline is None or (now or time.time()) < float(deadline):
-            return False
-        completed = False
-        for member, result in self.results(group_id).items():
-            if result is None:
-                failure = {"ok": False, "error": "deadline passed before the member finished"}
-                completed = self.finish(group_id, member, failure) or completed
-        return completed
+    def expire(self, group_id: str, ttl_seconds: int = TTL_SECONDS) -> bool:
+        """Close the group for good (its sender's deadline passed): no finish completes it from
+        now on, and `open` leaves it closed. True if this call closed it; False if it had
+        completed already (whoever completed it is handling its result)."""
+        closed = self._expire(
+            keys=[keys.group_record(self.run, group_id)], args=[EXPIRED, ttl_seconds]
+        )
+        return int(closed) == 1
+
+    def expired(self, group_id: str) -> bool:
+        """Whether `expire` closed the group."""
+        mark = self.client.hget(keys.group_record(self.run, group_id), "__completed__")
+        return bool(mark == EXPIRED.encode())

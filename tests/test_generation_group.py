@@ -13,12 +13,12 @@ import pytest
 from evoenv_learner.pool import seed_pool
 from evoenv_worker.admission import generation_key
 from evoenv_worker.context import WorkerContext
-from evoenv_worker.generation import finalize_group, open_group
+from evoenv_worker.generation import expire_group, finalize_group, open_group, propose
 from evoenv_worker.novelty import DIMENSION, RECIPE
 from shared.config import Settings
 from shared.db import source_sha
 from shared.groups import GroupTracker
-from shared.messages import MECHANICAL_STAGES, StageReport, ValidationReport
+from shared.messages import MECHANICAL_STAGES, ProposalJob, StageReport, ValidationReport
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
 RUN = "gen-test"
@@ -144,3 +144,61 @@ def test_a_candidate_like_an_earlier_one_of_its_group_is_rejected_and_its_report
     assert novelty.data["similarity"] == pytest.approx(1.0)
     stored = archive.validation("g1-0")
     assert stored is not None and stored.verdict == "admitted"
+
+
+def test_an_expired_group_is_recorded_as_such_and_nothing_of_it_reaches_the_stream(
+    ctx: WorkerContext,
+) -> None:
+    done = (SEEDS / "grid_shortest_path.py").read_text().replace("grid_shortest_path", "grid_hop")
+    late = "class Late(Environment):\n    pass\n"
+    meta = {
+        "prompt": "p",
+        "parents": ["parent-sha"],
+        "completions": [{"text": f"```python\n{s}```"} for s in (done, late)],
+    }
+    open_group(ctx, RUN, "g2", 2, meta)
+    tracker = GroupTracker(ctx.redis(), RUN)
+    report = passed_everything("grid_hop", 1, 0.5)
+    member = {"report": report.model_dump(mode="json"), "sha": source_sha(done), "source": done}
+    assert tracker.finish(generation_key("g2"), "0", member) is False  # candidate 1 still runs
+
+    assert expire_group(ctx, RUN, "g2", "not in the stream 60 s after it was sent") is True
+    archive = ctx.archive()
+    row = archive.environment(source_sha(done))
+    assert row is not None and row.status == "rejected" and row.parents == ["parent-sha"]
+    assert row.stats["funnel"] == "expired" and row.stats["reward"] is None
+    assert "60 s" in row.stats["expired"]
+    running = archive.validation("g2-1")
+    assert running is not None and running.verdict == "error"
+    assert running.error is not None and running.error.startswith("expired: ")
+    # The running candidate ends late: its group does not complete, nothing is appended.
+    assert tracker.finish(generation_key("g2"), "1", {"report": None}) is False
+    assert ctx.redis().xlen(f"evoenv:{RUN}:rollouts") == 0
+    assert expire_group(ctx, RUN, "g2", "again") is False
+
+
+def test_a_group_that_completed_first_does_not_expire(ctx: WorkerContext) -> None:
+    finish(ctx, [("class A: pass\n", passed_everything("a_thing", 2, 0.2))])
+    assert expire_group(ctx, RUN, "g1", "too late") is False
+    row = ctx.archive().environment(source_sha("class A: pass\n"))
+    assert row is not None and row.stats["funnel"] == "admitted"
+
+
+def test_a_group_whose_proposal_never_ran_expires_with_no_records(ctx: WorkerContext) -> None:
+    assert expire_group(ctx, RUN, "g3", "its proposal failed: boom") is True
+    open_group(ctx, RUN, "g3", 2, {"prompt": "p", "completions": [{"text": ""}] * 2})
+    assert GroupTracker(ctx.redis(), RUN).results(generation_key("g3")) == {}, "stays closed"
+
+
+class NoModel:
+    def chat(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("an expired group's proposal must not sample")
+
+
+def test_the_proposal_of_an_expired_group_samples_and_sends_nothing(ctx: WorkerContext) -> None:
+    job = ProposalJob(
+        run=RUN, group_id="g4", messages=[], parents=[], group_size=2, temperature=0.7, max_tokens=8
+    )
+    assert expire_group(ctx, RUN, "g4", "not in the stream 60 s after it was sent") is True
+    ctx._inference = NoModel()  # type: ignore[assignment]
+    assert propose(ctx, job) == []

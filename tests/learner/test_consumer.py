@@ -8,7 +8,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from evoenv_learner.consumer import RolloutConsumer
+from evoenv_learner.consumer import Dropped, RolloutConsumer
 from shared.messages import GradedCompletion, GradedGroup
 from shared.rollouts import append_group
 
@@ -169,3 +169,32 @@ def test_a_restarted_consumer_reads_all_its_pending_entries_in_small_batches(
 def go_sorted(ids: list[str]) -> list[str]:
     assert len(ids) == len(set(ids)), ids
     return sorted(ids)
+
+
+def test_dropped_groups_are_handed_on_so_their_slots_are_freed(redis_url: str) -> None:
+    stale_generator = group("gen", 1).model_copy(
+        update={"role": "generator", "data": {"funnel": ["L1", "admitted"]}}
+    )
+    fill(redis_url, [stale_generator, group("solver-old", 1), group("fresh", 10)])
+    client = redis.Redis.from_url(redis_url)
+    stream = f"evoenv:{RUN}:rollouts"
+    client.xadd(stream, {"group": '{"group_id": "broken", "role": "generator", "run": 1}'})
+    client.xadd(stream, {"group": "not json"})  # names nothing: its slot waits for the deadline
+    client.close()
+
+    async def go() -> tuple[list[str], list[Dropped]]:
+        c = consumer(redis_url, "a", max_staleness=4)
+        await c.start()
+        got = await c.read(10, 100, current_version=10)
+        dropped = c.take_dropped()
+        assert c.take_dropped() == [], "handed on once"
+        await close(c)
+        return [g.group_id for g in got], dropped
+
+    ids, dropped = asyncio.run(go())
+    assert ids == ["fresh"]
+    assert dropped == [
+        Dropped("gen", "generator", "stale", ("L1", "admitted")),
+        Dropped("solver-old", "solver", "stale"),
+        Dropped("broken", "generator", "malformed"),
+    ]

@@ -1,4 +1,5 @@
-"""The policy version in Redis and the weight publisher's push sequence, against fake servers.
+"""The policy version in Redis, the weight publisher's push sequence and its selection
+(`serve.weight_push`, through `make_publisher` as the learner builds it), against fake servers.
 
 The real push (a fine-tuned model changing what vLLM generates) is in test_weight_push.py.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -16,8 +18,11 @@ import torch
 from fake_vllm import FakeServer
 from safetensors.torch import load_file
 
-from evoenv_learner.publisher import PushFailed, ReloadPublisher
+from evoenv_learner import publisher as publisher_module
+from evoenv_learner.publisher import PushFailed, ReloadPublisher, make_publisher
 from shared import policy
+from shared.config import Settings
+from shared.errors import EvoEnvError
 
 pytestmark = pytest.mark.integration
 
@@ -132,4 +137,41 @@ def test_a_server_that_cannot_pause_fails_the_push_and_the_others_resume(
     assert bad.paths() == ["/pause"] * 3
     assert policy.read_version(client) == 0
     publisher.close()
+    client.close()
+
+
+def test_serve_weight_push_selects_the_publisher(
+    redis_url: str,
+    fake_servers: Callable[[], FakeServer],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = healthy(fake_servers())
+    client = redis.Redis.from_url(redis_url)
+    model = Tied()
+
+    def settings(push: str) -> Settings:
+        return Settings(redis_url=redis_url, vllm_urls=[server.url], serve={"weight_push": push})  # type: ignore[arg-type]
+
+    reload = make_publisher(settings("reload"), client, model, tmp_path / "push", tmp_path / "base")
+    assert isinstance(reload, ReloadPublisher)
+    assert reload.publish(model) == 1
+    pushed = [b["kwargs"]["weights_path"] for _, p, b in server.hits if p == "/collective_rpc"]
+    assert pushed == [str(tmp_path / "push" / "v00000001")]
+    reload.close()
+
+    if not torch.cuda.is_available():  # the real NCCL publisher is chosen, and needs a GPU
+        with pytest.raises(EvoEnvError, match="needs a GPU"):
+            make_publisher(settings("nccl"), client, model, tmp_path / "push", tmp_path / "base")
+    built: list[tuple[Any, ...]] = []
+
+    class Nccl:
+        def __init__(self, urls: list[str], redis_client: Any, module: Any, **kwargs: Any) -> None:
+            built.append((urls, module, kwargs["master_address"]))
+
+    monkeypatch.setattr(publisher_module, "NcclPublisher", Nccl)
+    nccl = make_publisher(settings("nccl"), client, model, tmp_path / "push", tmp_path / "base")
+    assert isinstance(nccl, Nccl)
+    assert built == [([server.url], model, "127.0.0.1")]
+    assert server.paths().count("/collective_rpc") == 1, "no reload through the NCCL path"
     client.close()

@@ -1,11 +1,10 @@
 """Group records (GroupTracker) against the real Redis: completion is seen exactly once however
-many members finish at once, the first result of a member wins, and a group past its deadline
-completes with its missing members failed."""
+many members finish at once, the first result of a member wins, and a group closed by `expire`
+(its sender's deadline passed) never completes afterwards, nor opens again."""
 
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -31,7 +30,7 @@ def client(redis_url: str) -> Iterator[Any]:
 def test_completion_is_reported_once_across_concurrent_finishers(client: Any) -> None:
     group = uuid.uuid4().hex
     members = [f"m{i}" for i in range(MEMBERS)]
-    GroupTracker(client, "run").open(group, members, deadline_seconds=60)
+    GroupTracker(client, "run").open(group, members)
     barrier = threading.Barrier(FINISHERS)
     completions: list[tuple[int, str]] = []
     errors: list[BaseException] = []
@@ -64,36 +63,36 @@ def test_completion_is_reported_once_across_concurrent_finishers(client: Any) ->
     before = results["m0"]
     assert tracker.finish(group, "m0", {"ok": False}) is False
     assert tracker.results(group)["m0"] == before
-    assert tracker.expire(group, now=time.time() + 3600) is False
+    assert tracker.expire(group) is False, "completed: nothing to expire"
 
 
-def test_expire_completes_a_group_past_its_deadline_with_failed_members(client: Any) -> None:
+def test_an_expired_group_never_completes_and_a_late_open_leaves_it_closed(client: Any) -> None:
     tracker = GroupTracker(client, "run")
     group = uuid.uuid4().hex
-    tracker.open(group, ["a", "b", "c"], deadline_seconds=30)
-    tracker.open(group, ["x"], deadline_seconds=0)  # already open: unchanged
+    tracker.open(group, ["a", "b"])
+    tracker.open(group, ["x"])  # already open: unchanged
     assert tracker.finish(group, "a", {"ok": True, "reward": 1.0}) is False
     assert tracker.finish(group, "nobody", {"ok": True}) is False
-    assert tracker.expire(group) is False, "the deadline has not passed"
-    assert tracker.results(group) == {"a": {"ok": True, "reward": 1.0}, "b": None, "c": None}
 
-    assert tracker.expire(group, now=time.time() + 31) is True
-    results = tracker.results(group)
-    assert results["a"] == {"ok": True, "reward": 1.0}
-    for member in ("b", "c"):
-        assert results[member] is not None and results[member]["ok"] is False
-        assert "deadline" in results[member]["error"]
-    # Completed once: expiring again, or the lost member turning up late, completes nothing.
-    assert tracker.expire(group, now=time.time() + 3600) is False
+    assert tracker.expire(group) is True
+    assert tracker.expire(group) is False, "closed once"
+    # The lost member turning up late is recorded but completes nothing.
     assert tracker.finish(group, "b", {"ok": True}) is False
-    assert tracker.results(group)["b"]["ok"] is False
+    assert tracker.results(group) == {"a": {"ok": True, "reward": 1.0}, "b": {"ok": True}}
     assert client.ttl(f"evoenv:run:group:{group}") > 0, "the record expires in Redis"
+
+    never_opened = uuid.uuid4().hex  # e.g. its proposal job was lost before it ran
+    assert tracker.expire(never_opened) is True
+    tracker.open(never_opened, ["a"])  # the proposal runs late: the group stays closed
+    assert tracker.results(never_opened) == {}
+    assert tracker.finish(never_opened, "a", {"ok": True}) is False
+    assert client.ttl(f"evoenv:run:group:{never_opened}") > 0
 
 
 def test_concurrent_expire_and_finish_complete_once(client: Any) -> None:
     for _ in range(20):
         group = uuid.uuid4().hex
-        GroupTracker(client, "run").open(group, ["a", "b"], deadline_seconds=0)
+        GroupTracker(client, "run").open(group, ["a", "b"])
         barrier = threading.Barrier(3)
         outcomes: list[bool] = []
         threads = [
@@ -105,7 +104,7 @@ def test_concurrent_expire_and_finish_complete_once(client: Any) -> None:
             thread.start()
         for thread in threads:
             thread.join(10)
-        assert outcomes.count(True) == 1, outcomes
+        assert outcomes.count(True) == 1, outcomes  # expired once, or completed once
 
 
 def _expire(client: Any, group: str, barrier: threading.Barrier, outcomes: list[bool]) -> None:
