@@ -7,9 +7,10 @@ training temperature, the GRPO loss over completion tokens only, backward (gradi
 accumulate over the whole batch, the loss normalised by the batch's token count) -> gradient
 clipping -> one AdamW step.
 
-Precision: master weights in float32 by default; on CUDA the forward runs under bf16
-autocast. `param_dtype=torch.bfloat16` halves memory (on a CPU, too) at the cost of updates
-smaller than bf16's resolution being lost. Dropout is switched off: the importance ratios
+Precision: master weights in float32 by default; the passes run under bf16 autocast on CUDA
+and on a CPU with native bfloat16 (`grpo.compute_dtype` decides; float32 elsewhere).
+`param_dtype=torch.bfloat16` halves memory (on a CPU, too) at the cost of updates smaller than
+bf16's resolution being lost. Dropout is switched off: the importance ratios
 compare deterministic forward passes.
 
 Checkpoints are folders `step-00000012/` under a root, each holding `model/` (save_pretrained,
@@ -154,8 +155,8 @@ class Trainer:
         }
         self.temperatures.update(temperatures or {})
         self.compute_entropy = compute_entropy
-        if autocast_dtype is None and self.device.type == "cuda" and param_dtype == torch.float32:
-            autocast_dtype = torch.bfloat16
+        if autocast_dtype is None and param_dtype == torch.float32:
+            autocast_dtype = _compute_dtype(settings, self.device)
         self.autocast_dtype = autocast_dtype
         self.source_dtype = _config_dtype(self.model_path) or param_dtype
         self.step_count = 0
@@ -635,6 +636,17 @@ def _load_weights(model: torch.nn.Module, folder: Path, device: torch.device) ->
             f"checkpoint {folder} does not match the model: missing {untied[:5]}, "
             f"unexpected {result.unexpected_keys[:5]}"
         )
+
+
+def _compute_dtype(settings: GrpoSettings, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of float32 master weights: the setting where given, else bfloat16 on
+    a GPU or a CPU that computes it natively (`shared.hardware`), else none (float32)."""
+    from shared.hardware import cpu_dtype, cpu_flags
+
+    name = settings.compute_dtype or (
+        "bfloat16" if device.type == "cuda" else cpu_dtype(cpu_flags())
+    )
+    return torch.bfloat16 if name == "bfloat16" else None
 
 
 def _config_dtype(folder: Path) -> torch.dtype | None:

@@ -230,6 +230,10 @@ class GrpoSettings(BaseModel):
     """Groups per optimiser step (gradient accumulation over them)."""
     micro_batch: int = Field(4, ge=1)
     """Sequences per forward/backward pass."""
+    compute_dtype: Literal["bfloat16", "float32"] | None = None
+    """Dtype of the trainer's forward and backward passes (autocast; the master weights and
+    AdamW stay float32); unset: bfloat16 on a GPU or a CPU with AMX or AVX512-BF16, float32 on
+    other CPUs. On an AVX512-BF16 EPYC a step took 0.67x the float32 time (bench_dtype.py)."""
     gradient_checkpointing: bool = True
     """Recompute each layer's activations during the backward pass: activation memory of about
     one layer instead of all of them, for about a third more compute. Off only where memory is

@@ -41,7 +41,9 @@ ROLES: list[Role] = ["solver", "generator", "solver"]
 def trainer(small_model: Path) -> Trainer:
     """The small model as the learner loads it (float32 master weights): the solver trained at
     temperature 1.0, the generator at 0.7."""
-    settings = GrpoSettings.model_validate({"temperature": 1.0, "generator_temperature": 0.7})
+    settings = GrpoSettings.model_validate(
+        {"temperature": 1.0, "generator_temperature": 0.7, "compute_dtype": "float32"}
+    )
     return Trainer(small_model, settings, device="cpu")
 
 
