@@ -67,10 +67,12 @@ if (($#)); then
 fi
 
 tier "lint and types" bash -c "ruff check . && mypy"
-# The sandbox's tests time their children (seconds-long limits), so they run alone.
+# Tests that time processes or a terminal (the sandbox's seconds-long limits, the learner's
+# hangup and supervisor tests) run alone, the rest of the unit tests on every core.
+TIMED=(tests/sandbox tests/learner/test_hangup.py tests/learner/test_supervisor.py)
 tier "unit (parallel)" python -m pytest -m "not slow and not integration" -n auto \
-  --ignore=tests/sandbox
-tier "sandbox" python -m pytest -m "not slow and not integration" tests/sandbox
+  "${TIMED[@]/#/--ignore=}"
+tier "unit (timed, alone)" python -m pytest -m "not slow and not integration" "${TIMED[@]}"
 tier "integration" python -m pytest -m "integration and not slow"
 tier "end-to-end" python -m pytest -m slow
 summary
