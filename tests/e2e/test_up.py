@@ -159,6 +159,7 @@ def test_up_trains_both_roles_survives_kills_and_leaves_nothing(
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(60)  # reaped here, not by a later test's garbage collection
     assert not missing, (
         f"after {DEADLINE // 60} min, still waiting for: {', '.join(missing)}\n"
         + log.read_text(errors="replace")[-5000:]
