@@ -295,23 +295,23 @@ def test_lines_split_or_merged_on_the_pipe_end_as_results_or_failed_ops(data: An
         assert failure["ok"] is False and failure["kind"] in KINDS
 
 
-@FUZZ
-@given(data=st.data())
-def test_no_result_makes_validation_raise_or_blame_the_project(data: Any) -> None:
-    planned = set(data.draw(st.lists(st.integers(0, OPS - 1), min_size=1, max_size=3)))
-    stand_in = StandIn(data.draw, planned)
+def _validate_with(stand_in: Any) -> Any:
+    """The sound file validated with every sandbox call (fresh processes too) on `stand_in`."""
 
     @contextmanager
     def fresh(hash_seed: int) -> Iterator[Any]:
         yield validate.SourceRunner(stand_in, "", "fuzzed.py")
 
     with mock.patch.object(validate, "_fresh_factory", lambda *args: fresh):
-        report = validate.validate_source(
-            SOUND.read_bytes(),
-            "fuzzed.py",
-            stand_in,
-            SETTINGS,
-        )
+        return validate.validate_source(SOUND.read_bytes(), "fuzzed.py", stand_in, SETTINGS)
+
+
+@FUZZ
+@given(data=st.data())
+def test_no_result_makes_validation_raise_or_blame_the_project(data: Any) -> None:
+    planned = set(data.draw(st.lists(st.integers(0, OPS - 1), min_size=1, max_size=3)))
+    stand_in = StandIn(data.draw, planned)
+    report = _validate_with(stand_in)
     assert report.verdict in {"admitted", "rejected"}, report.error
     if report.verdict == "rejected":
         failed = report.stages[-1]
@@ -321,18 +321,7 @@ def test_no_result_makes_validation_raise_or_blame_the_project(data: Any) -> Non
 def test_the_stand_in_environment_is_admitted_when_nothing_is_fuzzed() -> None:
     """So that fuzzed results reach every stage, the stand-in passes all of them untouched."""
     stand_in = StandIn(lambda strategy: None, set())
-
-    @contextmanager
-    def fresh(hash_seed: int) -> Iterator[Any]:
-        yield validate.SourceRunner(stand_in, "", "fuzzed.py")
-
-    with mock.patch.object(validate, "_fresh_factory", lambda *args: fresh):
-        report = validate.validate_source(
-            SOUND.read_bytes(),
-            "fuzzed.py",
-            stand_in,
-            SETTINGS,
-        )
+    report = _validate_with(stand_in)
     assert report.verdict == "admitted", [(s.stage, s.detail) for s in report.stages]
     assert stand_in.count == OPS  # so the fuzzed op numbers above reach every stage
 
