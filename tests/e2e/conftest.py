@@ -52,6 +52,8 @@ def shared_cluster(
         "EVOENV_DATABASE_URL": f"sqlite:///{folder / 'archive.db'}",
         "EVOENV_VLLM_URLS": f"http://127.0.0.1:{port}",
         "EVOENV_LOG_FORMAT": "json",
+        # The model stages decide the same way on every run (test_admission.py).
+        "EVOENV_ADMISSION__SAMPLING_SEED": "0",
     }
     settings = Settings(
         data_dir=CACHE, serve=ServeSettings(port=port, kv_cache_gib=1, max_model_len=4096)

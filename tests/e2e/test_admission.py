@@ -1,5 +1,14 @@
-"""A sound hand-written file reaches every model stage with the real model: through
-`evoenv validate --all` locally and on the queues, and through `evoenv pool add`."""
+"""Admission with the real model: a sound file the embedded solver solves sometimes is admitted
+by `evoenv validate --all` locally and on the queues and by `evoenv pool add`; a flawed file is
+rejected at its stage, and a sound one it never solves at calibration.
+
+The sound file (`sum_or_long_product.py`) mixes sums of one-digit numbers, which the model gets
+right at its training temperature more often than not, with exact products of long integers,
+which it never gets right: its calibration pass rate lies strictly between 0 and 8 of 8 by
+design, not by luck. The cluster fixes the model stages' sampling seed
+(`EVOENV_ADMISSION__SAMPLING_SEED`), so the same file meets the same calibration instances and
+the same sampled answers and reviews on every run: measured 2 of 8 at difficulty 5, every review
+accepting."""
 
 from __future__ import annotations
 
@@ -15,7 +24,9 @@ from shared.db import Archive
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-SOUND = Path(__file__).resolve().parents[1] / "corpus" / "sound" / "word_caesar_decode.py"
+CORPUS = Path(__file__).resolve().parents[1] / "corpus"
+SOUND = CORPUS / "sound" / "sum_or_long_product.py"
+FLAWED = CORPUS / "flawed" / "l3_module_level_rng.py"
 HARD = Path(__file__).with_name("long_product.py")
 STAGES = ["L1", "L2", "L3", "L4", "L5", "review", "calibration", "novelty"]
 
@@ -28,6 +39,20 @@ def run(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
 
 def reports(result: subprocess.CompletedProcess[str]) -> list[dict[str, object]]:
     return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+
+
+def check_admitted(result: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    """The run's one report: every stage passed, verdict admitted, exit 0."""
+    (report,) = reports(result)
+    check_all_stages(report)
+    stages = report["stages"]
+    assert isinstance(stages, list)
+    assert all(s["ok"] for s in stages), report
+    calibration = stages[STAGES.index("calibration")]["data"]
+    assert 0 < calibration["passes"] < calibration["instances"], calibration
+    assert report["verdict"] == "admitted", report
+    assert result.returncode == 0, result.stderr[-3000:]
+    return report
 
 
 def check_all_stages(report: dict[str, object]) -> None:
@@ -45,30 +70,38 @@ def check_all_stages(report: dict[str, object]) -> None:
 
 
 def test_validate_all_runs_every_model_stage_locally_and_on_the_queues(cluster: Cluster) -> None:
-    local = run(cluster, "validate", "--all", "--json", str(SOUND))
-    assert local.returncode in (0, 1), local.stderr[-3000:]
-    (report,) = reports(local)
-    check_all_stages(report)
+    local = check_admitted(run(cluster, "validate", "--all", "--json", str(SOUND)))
+    queued = check_admitted(run(cluster, "validate", "--all", "--queue", "--json", str(SOUND)))
+    # The same seed, the same file: the same calibration either way.
+    assert stage_data(queued, "calibration")["passes"] == stage_data(local, "calibration")["passes"]
 
-    queued = run(cluster, "validate", "--all", "--queue", "--json", str(SOUND))
-    assert queued.returncode in (0, 1), queued.stderr[-3000:]
-    (report,) = reports(queued)
-    check_all_stages(report)
+
+def test_a_flawed_file_is_rejected_at_its_stage_before_any_model_stage(cluster: Cluster) -> None:
+    result = run(cluster, "validate", "--all", "--json", str(FLAWED))
+    assert result.returncode == 1, result.stderr[-3000:]
+    (report,) = reports(result)
+    assert report["verdict"] == "rejected", report
+    stages = report["stages"]
+    assert isinstance(stages, list)
+    assert [s["stage"] for s in stages] == STAGES[:3], report
+    assert [s["ok"] for s in stages] == [True, True, False], report
+
+
+def stage_data(report: dict[str, object], stage: str) -> dict[str, object]:
+    stages = report["stages"]
+    assert isinstance(stages, list)
+    return stages[STAGES.index(stage)]["data"]
 
 
 def test_pool_add_admits_only_what_passes_every_stage(cluster: Cluster) -> None:
-    result = run(cluster, "pool", "add", "--json", str(SOUND))
-    assert result.returncode in (0, 1), result.stderr[-3000:]
-    (report,) = reports(result)
-    check_all_stages(report)
+    check_admitted(run(cluster, "pool", "add", "--json", str(SOUND)))
     archive = Archive(cluster.settings().archive_url)
-    row = archive.by_name("word_caesar_decode", ("admitted",))
-    assert (row is not None) == (report["verdict"] == "admitted")
+    assert archive.by_name("sum_or_long_product", ("admitted",)) is not None
     listed = run(cluster, "pool", "list", "--json")
     names = {
         json.loads(line)["name"] for line in listed.stdout.splitlines() if line.startswith("{")
     }
-    assert ("word_caesar_decode" in names) == (report["verdict"] == "admitted")
+    assert "sum_or_long_product" in names
 
 
 def test_a_file_the_solver_always_fails_is_rejected_at_calibration_but_gets_its_q(
