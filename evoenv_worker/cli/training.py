@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from evoenv_worker.cli.envs import out
 from shared.config import Settings
@@ -93,7 +94,11 @@ def evaluate(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Pass rate of the served policy on held-out instances, with a 95 % interval.
+    """Pass rate of the served policy on held-out instances, with a 95 % interval, beside each
+    environment's best constant answer (the one answer text that, written for every instance,
+    passes most of them) and its score on the same instances. --json adds per environment
+    best_constant_NAME: {"answer", "score"} and records_NAME: one {"seed", "reward", "answer",
+    "reference", "constant_reward"} per instance counted.
 
     --suite reasoning-gym: pass rate and mean score on reasoning-gym tasks (exit 3: no server).
     """
@@ -134,7 +139,9 @@ def evaluate(
 
     orchestrator = Orchestrator(settings, pool, backlog)
     result = asyncio.run(
-        run_eval(settings, orchestrator, asyncio.Event(), members, difficulty, instances)
+        run_eval(
+            settings, orchestrator, asyncio.Event(), members, difficulty, instances, baseline=True
+        )
     )
     if not result["instances"]:
         from evoenv_worker.cli.envs import EXIT_ERROR, err
@@ -148,16 +155,39 @@ def evaluate(
     if as_json:
         out.print(json.dumps(result), markup=False)
         return
+    out.print(_held_out_table(result))
+
+
+CONSTANT_SHOWN = 24
+"""Longest best constant answer the table shows whole (quoted); longer ones are cut."""
+
+
+def _held_out_table(result: dict[str, Any]) -> Table:
+    """Each environment's pass rate beside its best constant answer and that answer's score."""
     table = Table(title=f"held-out pass rate ({result['instances']} instances)")
-    table.add_column("environment")
-    table.add_column("pass rate")
+    for column in ("environment", "pass rate", "best constant", "constant's score"):
+        table.add_column(column)
     for key, value in result.items():
         if key.startswith("pass_rate_"):
-            table.add_row(key.removeprefix("pass_rate_"), f"{value:.2f}")
+            name = key.removeprefix("pass_rate_")
+            constant = result.get(f"best_constant_{name}")
+            table.add_row(
+                name,
+                f"{value:.2f}",
+                Text(_quoted(constant["answer"])) if constant else "-",
+                f"{constant['score']:.2f}" if constant else "-",
+            )
     table.add_row(
         "all", f"{result['pass_rate']:.2f} [{result['ci_low']:.2f}, {result['ci_high']:.2f}]"
     )
-    out.print(table)
+    return table
+
+
+def _quoted(answer: str) -> str:
+    """`answer` cut to `CONSTANT_SHOWN` characters (then ending in "…"), quoted and escaped as
+    a JSON string, so that spaces and newlines show."""
+    shown = answer if len(answer) <= CONSTANT_SHOWN else f"{answer[:CONSTANT_SHOWN]}…"
+    return json.dumps(shown, ensure_ascii=False)
 
 
 def _evaluate_reasoning_gym(
