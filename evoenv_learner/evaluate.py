@@ -1,15 +1,26 @@
 """Held-out evaluation: the served policy on instances from the evaluation seed range, which
 training never draws from. One completion per instance at temperature 0 (the policy's greedy
 answer), graded in the sandbox like any group, on a stream of its own (`RUN-eval`) so it never
-reaches training. Returns the pass rate per environment and overall.
+reaches training.
 
-With `baseline`, also per environment the best constant answer (`shared/baseline.py`) on
-exactly the instances counted, found by one `constant_baseline` job in the sandbox, and the
-per-instance records it was found from:
+Returns one dict (what `evoenv eval --json` prints); an instance counts when it has a reward,
+and passes when that reward is exactly 1.0:
 
-- `best_constant_NAME`: {"answer": str, "score": float} (score: the share of the instances the
-  constant passes, as `pass_rate_NAME` counts the policy's), or None when the job failed;
-- `records_NAME`: one {"seed", "reward", "answer", "reference", "constant_reward"} per counted
+- `pass_rate`, `instances`, `ci_low`, `ci_high`: over all environments (95 % Wilson interval);
+- `pass_rate_NAME`: each environment's pass rate (flat, as the archive's eval rows and the
+  report have always read it);
+- `environments`: {NAME: {"pass_rate", "instances", "ci_low", "ci_high"}}, one object per
+  environment with counted instances, with its own 95 % Wilson interval.
+
+With `baseline` (`evoenv eval` sets it; the learner's periodic evaluation does not), each
+environment's object also holds the best constant answer (`shared/baseline.py`) on exactly the
+instances counted, found by one `constant_baseline` job in the sandbox, and the per-instance
+records it was found from; without it these two keys are absent (absent: not asked; None: asked
+but not found):
+
+- `best_constant`: {"answer": str, "score": float} (score: the share of the instances the
+  constant passes, as `pass_rate` counts the policy's), or None when the job failed;
+- `records`: one {"seed", "reward", "answer", "reference", "constant_reward"} per counted
   instance, in seed order: the policy's reward and extracted answer text (None: no answer
   span), the reference answer text and the best constant's reward (None when the job failed).
   The instances the best constant does not pass (constant_reward != 1.0) are the non-modal
@@ -67,9 +78,12 @@ async def evaluate(
             jobs.append((entry, job))
     graded = await chain_results([orchestrator.send_chain(job) for _, job in jobs], stop)
     records = counted(jobs, graded)
-    out = summarise({name: [float(r["reward"] == 1.0) for r in rs] for name, rs in records.items()})
+    passes = {name: [float(r["reward"] == 1.0) for r in rs] for name, rs in records.items()}
+    out = summarise(passes)
+    out["environments"] = per_environment(passes)
     if baseline:
-        out.update(await with_baselines(jobs, records, stop))
+        for name, found in (await with_baselines(jobs, records, stop)).items():
+            out["environments"][name].update(found)
     return out
 
 
@@ -99,8 +113,8 @@ def counted(
 async def with_baselines(
     jobs: list[tuple[PoolEntry, SolverJob]], records: dict[str, list[Record]], stop: asyncio.Event
 ) -> dict[str, Any]:
-    """`best_constant_NAME` and `records_NAME` of every environment with counted instances:
-    one `constant_baseline` job each, all in flight together."""
+    """{NAME: {"best_constant", "records"}} of every environment with counted instances (module
+    doc): one `constant_baseline` job each, all in flight together."""
     from evoenv_worker import tasks
 
     first_jobs: dict[str, tuple[PoolEntry, SolverJob]] = {}
@@ -119,7 +133,7 @@ async def with_baselines(
         sent.append(
             tasks.constant_baseline.apply_async(args=[constant_job.model_dump(mode="json")])
         )
-    out: dict[str, Any] = {}
+    out: dict[str, dict[str, Any]] = {}
     for name, result in zip(names, await chain_results(sent, stop), strict=True):
         found = (
             ConstantBaseline.model_validate(result)
@@ -133,11 +147,13 @@ async def with_baselines(
                 records[name], found.references, found.rewards, strict=True
             ):
                 record.update(reference=reference, constant_reward=reward)
-        out[f"best_constant_{name}"] = (
-            None if found.error is not None else {"answer": found.answer, "score": found.score}
-        )
-        out[f"records_{name}"] = records[name]
-    return dict(sorted(out.items()))
+        out[name] = {
+            "best_constant": (
+                None if found.error is not None else {"answer": found.answer, "score": found.score}
+            ),
+            "records": records[name],
+        }
+    return out
 
 
 def summarise(rewards: dict[str, list[float]]) -> dict[str, Any]:
@@ -149,6 +165,17 @@ def summarise(rewards: dict[str, list[float]]) -> dict[str, Any]:
     out: dict[str, Any] = {"pass_rate": rate, "instances": total, "ci_low": low, "ci_high": high}
     for name, values in sorted(rewards.items()):
         out[f"pass_rate_{name}"] = sum(values) / len(values)
+    return out
+
+
+def per_environment(rewards: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
+    """{NAME: {"pass_rate", "instances", "ci_low", "ci_high"}}, by name, of every environment with
+    rewards: its pass rate with its own 95 % Wilson interval."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, values in sorted(rewards.items()):
+        rate = sum(values) / len(values)
+        low, high = wilson(rate, len(values))
+        out[name] = {"pass_rate": rate, "instances": len(values), "ci_low": low, "ci_high": high}
     return out
 
 

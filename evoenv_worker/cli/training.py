@@ -94,11 +94,13 @@ def evaluate(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Pass rate of the served policy on held-out instances, with a 95 % interval, beside each
-    environment's best constant answer (the one answer text that, written for every instance,
-    passes most of them) and its score on the same instances. --json adds per environment
-    best_constant_NAME: {"answer", "score"} and records_NAME: one {"seed", "reward", "answer",
-    "reference", "constant_reward"} per instance counted.
+    """Pass rate of the served policy on held-out instances, each environment's and the overall
+    one with a 95 % interval, beside each environment's best constant answer (the one answer
+    text that, written for every instance, passes most of them) and its score on the same
+    instances. --json: the overall pass_rate, instances, ci_low, ci_high, pass_rate_NAME, and
+    environments: {NAME: {"pass_rate", "instances", "ci_low", "ci_high", "best_constant":
+    {"answer", "score"} (null: not found), "records": one {"seed", "reward", "answer",
+    "reference", "constant_reward"} per instance counted}}.
 
     --suite reasoning-gym: pass rate and mean score on reasoning-gym tasks (exit 3: no server).
     """
@@ -163,24 +165,29 @@ CONSTANT_SHOWN = 24
 
 
 def _held_out_table(result: dict[str, Any]) -> Table:
-    """Each environment's pass rate beside its best constant answer and that answer's score."""
-    table = Table(title=f"held-out pass rate ({result['instances']} instances)")
-    for column in ("environment", "pass rate", "best constant", "constant's score"):
-        table.add_column(column)
-    for key, value in result.items():
-        if key.startswith("pass_rate_"):
-            name = key.removeprefix("pass_rate_")
-            constant = result.get(f"best_constant_{name}")
-            table.add_row(
-                name,
-                f"{value:.2f}",
-                Text(_quoted(constant["answer"])) if constant else "-",
-                f"{constant['score']:.2f}" if constant else "-",
-            )
-    table.add_row(
-        "all", f"{result['pass_rate']:.2f} [{result['ci_low']:.2f}, {result['ci_high']:.2f}]"
-    )
+    """Each environment's pass rate and interval beside its best constant answer and that
+    answer's score ("-": not found, or not computed)."""
+    table = Table(title=f"held-out pass rate [95 % interval] ({result['instances']} instances)")
+    table.add_column("environment")
+    # numbers whole: on a narrow terminal the names and the constant are cut, not the interval
+    table.add_column("pass rate", no_wrap=True, min_width=len("0.00 [0.00, 0.00]"))
+    table.add_column("best constant")
+    table.add_column("constant's score", min_width=len("0.00"))
+    for name, env in result["environments"].items():
+        constant = env.get("best_constant")
+        table.add_row(
+            name,
+            _rate(env),
+            Text(_quoted(constant["answer"])) if constant else "-",
+            f"{constant['score']:.2f}" if constant else "-",
+        )
+    table.add_row("all", _rate(result))
     return table
+
+
+def _rate(summary: dict[str, Any]) -> str:
+    """A pass rate and its interval: "0.50 [0.19, 0.81]"."""
+    return f"{summary['pass_rate']:.2f} [{summary['ci_low']:.2f}, {summary['ci_high']:.2f}]"
 
 
 def _quoted(answer: str) -> str:

@@ -1,5 +1,6 @@
 """`evoenv eval` (held-out) through real workers and a stand-in model server: each
-environment's pass rate beside its best constant answer, in the table and in `--json`.
+environment's pass rate and interval beside its best constant answer, in the table and in
+`--json` (one object per environment under `environments`).
 
 The stand-in answers every prompt with the same text, so the policy is itself a constant: on
 the equality environment (parity, whose scorer ignores case) it passes exactly the even
@@ -10,6 +11,7 @@ environment (at_least) it passes nothing, and the largest reference satisfies ev
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import pytest
 from model.fake_vllm import FakeServer
 from workerkit import Cluster, run_cli
 
+from evoenv_learner.evaluate import wilson
 from shared import keys
 from shared.environment import EVAL_SEEDS
 
@@ -62,16 +65,26 @@ def evoenv_eval(cluster: Cluster, *args: str) -> str:
     return done.stdout
 
 
-def test_json_has_each_environments_best_constant_and_its_instances(cluster: Cluster) -> None:
+def test_json_has_one_object_per_environment_with_its_interval_and_best_constant(
+    cluster: Cluster,
+) -> None:
     result = json.loads(evoenv_eval(cluster, "--json"))
     assert result["instances"] == 2 * N and 0 <= result["ci_low"] <= result["ci_high"] <= 1
+    envs = result["environments"]
+    assert list(envs) == ["at_least", "parity"]
+    assert not any(k.startswith(("best_constant", "records")) for k in result)
+    for name, env in envs.items():
+        assert env["instances"] == N
+        assert env["pass_rate"] == result[f"pass_rate_{name}"]
+        assert (env["ci_low"], env["ci_high"]) == wilson(env["pass_rate"], N)
+        assert env["ci_low"] <= env["pass_rate"] <= env["ci_high"]
 
-    parity = result["records_parity"]
+    parity = envs["parity"]["records"]
     assert [r["seed"] for r in parity] == [EVAL_SEEDS.start + k for k in range(N)]
     references = [r["reference"] for r in parity]
     assert set(references) <= {"even", "odd"}
     modal = min(set(references), key=lambda text: (-references.count(text), text))
-    assert result["best_constant_parity"] == {
+    assert envs["parity"]["best_constant"] == {
         "answer": modal,
         "score": references.count(modal) / N,
     }
@@ -81,16 +94,21 @@ def test_json_has_each_environments_best_constant_and_its_instances(cluster: Clu
         assert record["constant_reward"] == float(record["reference"] == modal)
     assert result["pass_rate_parity"] == references.count("even") / N
 
-    at_least = result["records_at_least"]
+    at_least = envs["at_least"]["records"]
     largest = max((r["reference"] for r in at_least), key=int)
-    assert result["best_constant_at_least"] == {"answer": largest, "score": 1.0}
+    assert envs["at_least"]["best_constant"] == {"answer": largest, "score": 1.0}
     assert [(r["reward"], r["constant_reward"]) for r in at_least] == [(0.0, 1.0)] * N
     assert result["pass_rate_at_least"] == 0.0
 
 
-def test_the_table_shows_the_best_constant_beside_the_pass_rate(cluster: Cluster) -> None:
+def test_the_table_shows_each_interval_and_the_best_constant_beside_the_pass_rate(
+    cluster: Cluster,
+) -> None:
     table = evoenv_eval(cluster)
     rows = {line.split("│")[1].strip(): line for line in table.splitlines() if "│" in line}
     assert "best constant" in table and "constant's score" in table
+    assert f"0.00 [0.00, {wilson(0.0, N)[1]:.2f}]" in rows["at_least"]
     assert "1.00" in rows["at_least"] and '"' in rows["at_least"]
     assert '"even"' in rows["parity"] or '"odd"' in rows["parity"]
+    assert re.search(r"\d\.\d\d \[\d\.\d\d, \d\.\d\d\]", rows["parity"])
+    assert re.search(r"\d\.\d\d \[\d\.\d\d, \d\.\d\d\]", rows["all"])
