@@ -1,7 +1,30 @@
 """Held-out evaluation: the served policy on instances from the evaluation seed range, which
 training never draws from. One completion per instance at temperature 0 (the policy's greedy
 answer), graded in the sandbox like any group, on a stream of its own (`RUN-eval`) so it never
-reaches training. Returns the pass rate per environment and overall."""
+reaches training.
+
+Returns one dict (what `evoenv eval --json` prints); an instance counts when it has a reward,
+and passes when that reward is exactly 1.0:
+
+- `pass_rate`, `instances`, `ci_low`, `ci_high`: over all environments (95 % Wilson interval);
+- `pass_rate_NAME`: each environment's pass rate (flat, as the archive's eval rows and the
+  report have always read it);
+- `environments`: {NAME: {"pass_rate", "instances", "ci_low", "ci_high"}}, one object per
+  environment with counted instances, with its own 95 % Wilson interval.
+
+With `baseline` (`evoenv eval` sets it; the learner's periodic evaluation does not), each
+environment's object also holds the best constant answer (`shared/baseline.py`) on exactly the
+instances counted, found by one `constant_baseline` job in the sandbox, and the per-instance
+records it was found from; without it these two keys are absent (absent: not asked; None: asked
+but not found):
+
+- `best_constant`: {"answer": str, "score": float} (score: the share of the instances the
+  constant passes, as `pass_rate` counts the policy's), or None when the job failed;
+- `records`: one {"seed", "reward", "answer", "reference", "constant_reward"} per counted
+  instance, in seed order: the policy's reward and extracted answer text (None: no answer
+  span), the reference answer text and the best constant's reward (None when the job failed).
+  The instances the best constant does not pass (constant_reward != 1.0) are the non-modal
+  ones."""
 
 from __future__ import annotations
 
@@ -14,9 +37,13 @@ import structlog
 from evoenv_learner.orchestrator import Orchestrator, chain_results
 from shared.config import Settings
 from shared.environment import EVAL_SEEDS
+from shared.messages import ConstantBaseline, ConstantJob, SolverJob
 
 if TYPE_CHECKING:
     from evoenv_learner.pool import PoolEntry
+
+Record = dict[str, Any]
+"""One counted instance: {"seed", "reward", "answer", "reference", "constant_reward"}."""
 
 log = structlog.get_logger(__name__)
 
@@ -28,15 +55,16 @@ async def evaluate(
     entries: list[PoolEntry] | None = None,
     difficulty: int | None = None,
     instances: int | None = None,
+    baseline: bool = False,
 ) -> dict[str, Any]:
     """Pass rate of the served policy on held-out instances of `entries` (default: the pool's
-    members the learner trains on)."""
+    members the learner trains on); with `baseline`, the best constant answers and the
+    per-instance records too (module doc)."""
     wanted = set(settings.learner.environments)
     members = entries or [m for m in orchestrator.pool.members if not wanted or m.name in wanted]
     n = instances or settings.learner.eval_instances
     level = difficulty or settings.learner.eval_difficulty
-    names: list[str] = []
-    results: list[Any] = []
+    jobs: list[tuple[PoolEntry, SolverJob]] = []
     for entry in members:
         for k in range(n):
             job = orchestrator.solver_job(
@@ -47,14 +75,85 @@ async def evaluate(
                 group_size=1,
                 temperature=0.0,
             )
-            names.append(entry.name)
-            results.append(orchestrator.send_chain(job))
-    rewards: dict[str, list[float]] = {}
-    for name, graded in zip(names, await chain_results(results, stop), strict=True):
-        for reward in graded.get("rewards", []) if graded else []:
+            jobs.append((entry, job))
+    graded = await chain_results([orchestrator.send_chain(job) for _, job in jobs], stop)
+    records = counted(jobs, graded)
+    passes = {name: [float(r["reward"] == 1.0) for r in rs] for name, rs in records.items()}
+    out = summarise(passes)
+    out["environments"] = per_environment(passes)
+    if baseline:
+        for name, found in (await with_baselines(jobs, records, stop)).items():
+            out["environments"][name].update(found)
+    return out
+
+
+def counted(
+    jobs: list[tuple[PoolEntry, SolverJob]], graded: list[dict[str, Any] | None]
+) -> dict[str, list[Record]]:
+    """Per environment, a record of each instance that has a reward (the pass rate's
+    instances), in seed order; the reference and the constant's reward still None."""
+    records: dict[str, list[Record]] = {}
+    for (entry, job), result in zip(jobs, graded, strict=True):
+        rewards = result.get("rewards", []) if result else []
+        answers = result.get("answers", []) if result else []
+        for reward, answer in zip(rewards, answers, strict=True):
             if reward is not None:
-                rewards.setdefault(name, []).append(float(reward == 1.0))
-    return summarise(rewards)
+                records.setdefault(entry.name, []).append(
+                    {
+                        "seed": job.seed,
+                        "reward": float(reward),
+                        "answer": answer,
+                        "reference": None,
+                        "constant_reward": None,
+                    }
+                )
+    return records
+
+
+async def with_baselines(
+    jobs: list[tuple[PoolEntry, SolverJob]], records: dict[str, list[Record]], stop: asyncio.Event
+) -> dict[str, Any]:
+    """{NAME: {"best_constant", "records"}} of every environment with counted instances (module
+    doc): one `constant_baseline` job each, all in flight together."""
+    from evoenv_worker import tasks
+
+    first_jobs: dict[str, tuple[PoolEntry, SolverJob]] = {}
+    for entry, job in jobs:
+        first_jobs.setdefault(entry.name, (entry, job))
+    names = [name for name in first_jobs if name in records]
+    sent: list[Any] = []
+    for name in names:
+        entry, job = first_jobs[name]
+        constant_job = ConstantJob(
+            env=entry.ref(),
+            seeds=[r["seed"] for r in records[name]],
+            difficulty=job.difficulty,
+            answers=[r["answer"] for r in records[name] if r["answer"] is not None],
+        )
+        sent.append(
+            tasks.constant_baseline.apply_async(args=[constant_job.model_dump(mode="json")])
+        )
+    out: dict[str, dict[str, Any]] = {}
+    for name, result in zip(names, await chain_results(sent, stop), strict=True):
+        found = (
+            ConstantBaseline.model_validate(result)
+            if result
+            else ConstantBaseline(error="the job failed (see the dead letters) or was stopped")
+        )
+        if found.error is not None:
+            log.warning("baseline_failed", env=name, error=found.error)
+        else:
+            for record, reference, reward in zip(
+                records[name], found.references, found.rewards, strict=True
+            ):
+                record.update(reference=reference, constant_reward=reward)
+        out[name] = {
+            "best_constant": (
+                None if found.error is not None else {"answer": found.answer, "score": found.score}
+            ),
+            "records": records[name],
+        }
+    return out
 
 
 def summarise(rewards: dict[str, list[float]]) -> dict[str, Any]:
@@ -66,6 +165,17 @@ def summarise(rewards: dict[str, list[float]]) -> dict[str, Any]:
     out: dict[str, Any] = {"pass_rate": rate, "instances": total, "ci_low": low, "ci_high": high}
     for name, values in sorted(rewards.items()):
         out[f"pass_rate_{name}"] = sum(values) / len(values)
+    return out
+
+
+def per_environment(rewards: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
+    """{NAME: {"pass_rate", "instances", "ci_low", "ci_high"}}, by name, of every environment with
+    rewards: its pass rate with its own 95 % Wilson interval."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, values in sorted(rewards.items()):
+        rate = sum(values) / len(values)
+        low, high = wilson(rate, len(values))
+        out[name] = {"pass_rate": rate, "instances": len(values), "ci_low": low, "ci_high": high}
     return out
 
 

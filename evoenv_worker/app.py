@@ -28,6 +28,7 @@ ROUTES = {
     "evoenv.validate": keys.VALIDATION_QUEUE,
     "evoenv.sample": keys.GRADING_QUEUE,
     "evoenv.grade": keys.GRADING_QUEUE,
+    "evoenv.constant_baseline": keys.GRADING_QUEUE,
     "evoenv.complete": keys.GENERATION_QUEUE,
     "evoenv.propose": keys.GENERATION_QUEUE,
     "evoenv.review": keys.GENERATION_QUEUE,
@@ -48,6 +49,8 @@ def configure(settings: Settings) -> Celery:
         "evoenv.novelty": w.validate_time_limit,
         "evoenv.sample": w.grade_time_limit,
         "evoenv.grade": w.grade_time_limit,
+        # every instance of an evaluation made twice, then up to MAX_CANDIDATES answers scored
+        "evoenv.constant_baseline": w.validate_time_limit,
         "evoenv.calibrate_sample": w.grade_time_limit,
         "evoenv.calibrate_grade": w.grade_time_limit,
         "evoenv.complete": w.complete_time_limit,

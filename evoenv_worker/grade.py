@@ -8,6 +8,9 @@ is one line for the whole group. Every completion ends `scored`, `format_error` 
 sandbox returns is the environment's output: one whose shape is wrong (the host checks it,
 `sandbox/results.py`, and `read_grades` again) makes the whole group an `env_error`, never an
 exception; infrastructure errors (`SandboxFailure`, Redis) propagate, and the task retries them.
+
+`constant_baseline` scores constant answers the same way, for the held-out evaluation's
+baseline (`shared/baseline.py`).
 """
 
 from __future__ import annotations
@@ -17,9 +20,16 @@ from typing import Any
 import structlog
 
 from evoenv_worker.sandbox.host import OpResult, Sandbox
+from shared.baseline import best_constant, candidates
 from shared.config import Settings
-from shared.environment import Grade, build_prompt, extract_answer, grade_value
-from shared.messages import GradedCompletion, GradedGroup, SolverJob
+from shared.environment import ORACLE_KINDS, Grade, build_prompt, extract_answer, grade_value
+from shared.messages import (
+    ConstantBaseline,
+    ConstantJob,
+    GradedCompletion,
+    GradedGroup,
+    SolverJob,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -150,4 +160,48 @@ def _group(job: SolverJob, graded: list[GradedCompletion], data: dict[str, objec
         policy_version=min(versions) if versions else 0,
         completions=graded,
         data=data,
+    )
+
+
+def constant_baseline(sandbox: Sandbox, job: ConstantJob, settings: Settings) -> ConstantBaseline:
+    """The best constant answer on the job's instances (see `shared/baseline.py`), in two
+    sandbox requests: the oracle and every instance's reference text (`grade` ops with no
+    answer), then every candidate scored on every instance (one `grade` op per instance). A
+    candidate whose scorer fails on an instance does not pass it."""
+    filename = f"{job.env.name}.py"
+    described, *made = sandbox.run(
+        job.env.source,
+        [{"op": "describe"}, *(grade_op(seed, job.difficulty, []) for seed in job.seeds)],
+        filename=filename,
+    )
+    failed = next((r for r in (described, *made) if not r.ok), None)
+    if failed is not None:
+        return ConstantBaseline(error=f"{failed.routine or 'an op'} failed: {failed.reason}")
+    oracle = described.value.get("oracle")
+    if oracle not in ORACLE_KINDS:
+        return ConstantBaseline(error=f"unknown oracle {oracle!r}")
+    references = [str(r.value["answer_text"]).strip() for r in made]
+    texts = candidates(oracle, references, job.answers)
+    answers: list[str | None] = list(texts)
+    scored = sandbox.run(
+        job.env.source,
+        [grade_op(seed, job.difficulty, answers) for seed in job.seeds],
+        filename=filename,
+        op_seconds=grade_op_seconds(settings, len(answers)),
+    )
+    rewards: list[list[float]] = []
+    for result in scored:
+        grades, reason = read_grades(result, answers)
+        if reason:
+            return ConstantBaseline(oracle=oracle, references=references, error=reason)
+        rewards.append([(grade.reward or 0.0) if grade else 0.0 for grade in grades])
+    best = best_constant(texts, rewards)
+    if best is None:
+        return ConstantBaseline(oracle=oracle, references=references, error="no instance")
+    return ConstantBaseline(
+        oracle=oracle,
+        references=references,
+        answer=best.answer,
+        score=best.score,
+        rewards=list(best.rewards),
     )

@@ -21,7 +21,14 @@ from evoenv_worker import context
 from evoenv_worker.app import app
 from shared import keys
 from shared.errors import EvoEnvError, SandboxFailure, SandboxUnavailable, ServiceUnavailable
-from shared.messages import DeadLetter, ProposalJob, SolverJob, StageJob, ValidateJob
+from shared.messages import (
+    ConstantJob,
+    DeadLetter,
+    ProposalJob,
+    SolverJob,
+    StageJob,
+    ValidateJob,
+)
 
 log = structlog.get_logger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -141,8 +148,10 @@ def sample(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
 
 @app.task(name="evoenv.grade", base=JobTask, bind=True)
 def grade(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
-    """Grade a solver job's completions in one sandbox call; append the group to the stream."""
+    """Grade a solver job's completions in one sandbox call; append the group to the stream.
+    Returns each completion's reward and extracted answer text (None: no answer span)."""
     from evoenv_worker.grade import grade_group
+    from shared.environment import extract_answer
     from shared.rollouts import append_group
 
     job = self.decode(SolverJob, payload)
@@ -156,12 +165,24 @@ def grade(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
         entry=entry,
         rewards=[c.reward for c in group.completions],
     )
+    cap = ctx.settings.validation.answer_cap
     return {
         "group_id": group.group_id,
         "entry": entry,
         "duplicate": entry is None,
         "rewards": [c.reward for c in group.completions],
+        "answers": [extract_answer(c.text, cap).answer for c in group.completions],
     }
+
+
+@app.task(name="evoenv.constant_baseline", base=JobTask, bind=True)
+def constant_baseline(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
+    """The best constant answer of an environment on given instances, in the sandbox."""
+    from evoenv_worker.grade import constant_baseline as find_baseline
+
+    job = self.decode(ConstantJob, payload)
+    ctx = context.current()
+    return find_baseline(ctx.sandbox(), job, ctx.settings).model_dump(mode="json")
 
 
 @app.task(name="evoenv.complete", base=JobTask, bind=True)

@@ -205,6 +205,33 @@ class GradedGroup(Message):
     """Role-specific extras (a generator group's stage results, rewards' parts...)."""
 
 
+class ConstantJob(Message):
+    """Find the best constant answer of an environment on some instances (`grading` queue)."""
+
+    env: EnvRef
+    seeds: list[int]
+    difficulty: int
+    answers: list[str] = Field(default_factory=list)
+    """The policy's answers on those instances: more candidates for a feasibility oracle."""
+
+
+class ConstantBaseline(Message):
+    """A `ConstantJob`'s result (see `shared/baseline.py`). On failure (an instance could not
+    be made again, the sandbox failed a whole op) `error` says why, and there is no answer,
+    score or rewards."""
+
+    oracle: str | None = None
+    references: list[str] = Field(default_factory=list)
+    """Per seed, in the job's order: the reference answer text, stripped."""
+    answer: str | None = None
+    """The best constant answer; None only on failure."""
+    score: float | None = None
+    """Share of the instances the best constant passes (reward exactly 1.0)."""
+    rewards: list[float] = Field(default_factory=list)
+    """Per seed: the best constant's reward (0.0 where its scorer failed)."""
+    error: str | None = None
+
+
 class DeadLetter(Message):
     """A job that failed past its retry or redelivery limit."""
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from evoenv_worker.cli.envs import out
 from shared.config import Settings
@@ -93,7 +94,13 @@ def evaluate(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Pass rate of the served policy on held-out instances, with a 95 % interval.
+    """Pass rate of the served policy on held-out instances, each environment's and the overall
+    one with a 95 % interval, beside each environment's best constant answer (the one answer
+    text that, written for every instance, passes most of them) and its score on the same
+    instances. --json: the overall pass_rate, instances, ci_low, ci_high, pass_rate_NAME, and
+    environments: {NAME: {"pass_rate", "instances", "ci_low", "ci_high", "best_constant":
+    {"answer", "score"} (null: not found), "records": one {"seed", "reward", "answer",
+    "reference", "constant_reward"} per instance counted}}.
 
     --suite reasoning-gym: pass rate and mean score on reasoning-gym tasks (exit 3: no server).
     """
@@ -134,7 +141,9 @@ def evaluate(
 
     orchestrator = Orchestrator(settings, pool, backlog)
     result = asyncio.run(
-        run_eval(settings, orchestrator, asyncio.Event(), members, difficulty, instances)
+        run_eval(
+            settings, orchestrator, asyncio.Event(), members, difficulty, instances, baseline=True
+        )
     )
     if not result["instances"]:
         from evoenv_worker.cli.envs import EXIT_ERROR, err
@@ -148,16 +157,44 @@ def evaluate(
     if as_json:
         out.print(json.dumps(result), markup=False)
         return
-    table = Table(title=f"held-out pass rate ({result['instances']} instances)")
+    out.print(_held_out_table(result))
+
+
+CONSTANT_SHOWN = 24
+"""Longest best constant answer the table shows whole (quoted); longer ones are cut."""
+
+
+def _held_out_table(result: dict[str, Any]) -> Table:
+    """Each environment's pass rate and interval beside its best constant answer and that
+    answer's score ("-": not found, or not computed)."""
+    table = Table(title=f"held-out pass rate [95 % interval] ({result['instances']} instances)")
     table.add_column("environment")
-    table.add_column("pass rate")
-    for key, value in result.items():
-        if key.startswith("pass_rate_"):
-            table.add_row(key.removeprefix("pass_rate_"), f"{value:.2f}")
-    table.add_row(
-        "all", f"{result['pass_rate']:.2f} [{result['ci_low']:.2f}, {result['ci_high']:.2f}]"
-    )
-    out.print(table)
+    # numbers whole: on a narrow terminal the names and the constant are cut, not the interval
+    table.add_column("pass rate", no_wrap=True, min_width=len("0.00 [0.00, 0.00]"))
+    table.add_column("best constant")
+    table.add_column("constant's score", min_width=len("0.00"))
+    for name, env in result["environments"].items():
+        constant = env.get("best_constant")
+        table.add_row(
+            name,
+            _rate(env),
+            Text(_quoted(constant["answer"])) if constant else "-",
+            f"{constant['score']:.2f}" if constant else "-",
+        )
+    table.add_row("all", _rate(result))
+    return table
+
+
+def _rate(summary: dict[str, Any]) -> str:
+    """A pass rate and its interval: "0.50 [0.19, 0.81]"."""
+    return f"{summary['pass_rate']:.2f} [{summary['ci_low']:.2f}, {summary['ci_high']:.2f}]"
+
+
+def _quoted(answer: str) -> str:
+    """`answer` cut to `CONSTANT_SHOWN` characters (then ending in "…"), quoted and escaped as
+    a JSON string, so that spaces and newlines show."""
+    shown = answer if len(answer) <= CONSTANT_SHOWN else f"{answer[:CONSTANT_SHOWN]}…"
+    return json.dumps(shown, ensure_ascii=False)
 
 
 def _evaluate_reasoning_gym(
