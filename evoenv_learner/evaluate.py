@@ -56,10 +56,11 @@ async def evaluate(
     difficulty: int | None = None,
     instances: int | None = None,
     baseline: bool = False,
+    first: int = 0,
 ) -> dict[str, Any]:
     """Pass rate of the served policy on held-out instances of `entries` (default: the pool's
-    members the learner trains on); with `baseline`, the best constant answers and the
-    per-instance records too (module doc)."""
+    members the learner trains on): the evaluation seeds from the `first`-th on; with
+    `baseline`, the best constant answers and the per-instance records too (module doc)."""
     wanted = set(settings.learner.environments)
     members = entries or [m for m in orchestrator.pool.members if not wanted or m.name in wanted]
     n = instances or settings.learner.eval_instances
@@ -70,7 +71,7 @@ async def evaluate(
             job = orchestrator.solver_job(
                 entry,
                 run=f"{settings.run}-eval",
-                seed=EVAL_SEEDS.start + k,
+                seed=EVAL_SEEDS.start + first + k,
                 difficulty=level,
                 group_size=1,
                 temperature=0.0,

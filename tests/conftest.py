@@ -12,7 +12,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import hypothesis
@@ -116,3 +116,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests on the shared end-to-end cluster (`tests/e2e/conftest.py`) run last, together:
     the cluster starts once, after every test that starts a large server of its own."""
     items.sort(key=lambda item: "cluster" in getattr(item, "fixturenames", ()))
+
+
+CLAIMS = pytest.StashKey[list[str]]()
+"""Measured lines that tests hand to the terminal summary."""
+
+
+@pytest.fixture
+def claim(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Print a measured line (e.g. the learning test's result) in pytest's terminal summary,
+    where it shows without `-s`, passed or failed; also on the test's own output."""
+    lines = request.config.stash.setdefault(CLAIMS, [])
+
+    def add(line: str) -> None:
+        print(line)
+        lines.append(line)
+
+    return add
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    lines = terminalreporter.config.stash.get(CLAIMS, [])
+    if lines:
+        terminalreporter.section("measured")
+        for line in lines:
+            terminalreporter.write_line(line)

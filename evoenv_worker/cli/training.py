@@ -92,6 +92,13 @@ def evaluate(
     instances: int = typer.Option(
         16, "--instances", "-n", min=1, help="Instances per environment or task."
     ),
+    first: int = typer.Option(
+        0,
+        "--first",
+        min=0,
+        help="Start at this evaluation seed's index (0: the first), so that disjoint slices "
+        "of the held-out instances can be used for tuning and for testing; held-out only.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Pass rate of the served policy on held-out instances, each environment's and the overall
@@ -111,6 +118,8 @@ def evaluate(
             raise UsageError(
                 "--env does not apply to --suite reasoning-gym: name tasks with --task"
             )
+        if first:
+            raise UsageError("--first applies only to the held-out suite")
         if difficulty is not None:
             raise UsageError(
                 "--difficulty does not apply to --suite reasoning-gym: its tasks are generated "
@@ -142,7 +151,14 @@ def evaluate(
     orchestrator = Orchestrator(settings, pool, backlog)
     result = asyncio.run(
         run_eval(
-            settings, orchestrator, asyncio.Event(), members, difficulty, instances, baseline=True
+            settings,
+            orchestrator,
+            asyncio.Event(),
+            members,
+            difficulty,
+            instances,
+            baseline=True,
+            first=first,
         )
     )
     if not result["instances"]:

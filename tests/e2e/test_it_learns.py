@@ -1,100 +1,88 @@
-"""It learns: a few GRPO steps on one seed raise the served policy's reward on held-out instances.
+"""It learns, and no shortcut explains it: a few GRPO steps raise the served policy's greedy pass
+rate on held-out instances above where it was and above the best constant answer.
 
-Everything is real: the embedded default model (Qwen2.5-Coder-0.5B-Instruct) served by vLLM on
-the CPU (the e2e `cluster`, serving the prepared weights when this module starts), Redis, the
-worker processes that sample, complete and grade in the sandbox, and `evoenv learner`, which
-pushes its weights into that server after every step, so that the evaluation after training
-measures the trained policy.
+Everything is real: the embedded model (Qwen2.5-Coder-0.5B-Instruct) served by vLLM on the CPU
+(the e2e `cluster`, serving the prepared weights when this module starts), Redis, the worker
+processes that sample, complete and grade in the sandbox, and `evoenv learner`, which pushes its
+weights into that server after every step, so that the evaluation after training measures the
+trained policy. The reward is the environment's own score: no shaping.
 
-Seed and difficulty. `edit_distance` at difficulty 1 (strings of 3 to 5 letters over "abc"),
-chosen by measuring the greedy pass rate of the untrained model on held-out instances of the
-seeds at low difficulty with short generations (`evoenv eval`, temperature 0, the evaluation
-seeds 1e9, 1e9 + 1, ...), and keeping the one inside the 10-60 % band that answers in a few
-tokens (training on a 2-core CPU runs at 20-40 tokens a second, so short completions are what
-buys enough steps within the time budget):
+Protocol. (1) Before: `evoenv eval --json` on `INSTANCES` held-out instances (greedy, one
+completion each, graded by the workers; the evaluation seed range is never drawn for training).
+Its output also gives, on the same instances, the best constant answer (for an equality oracle
+the most frequent reference answer) and its score. (2) `evoenv learner --steps STEPS` on
+`copy_word` alone. (3) After: the same instances again, now under the last pushed version.
 
-| seed, difficulty                    | max_tokens | n  | pass rate | mean completion    |
-| ----------------------------------- | ---------- | -- | --------- | ------------------ |
-| edit_distance, 1                    | 32         | 128| 0.27      | 8 tokens           |
-| edit_distance, 1                    | 32         | 64 | 0.23      | 8 tokens           |
-| edit_distance, 1                    | 128        | 32 | 0.16      | 8 tokens           |
-| edit_distance, 2                    | 32         | 64 | 0.31      | 8 tokens           |
-| knapsack_max_value, 1               | 128        | 32 | 0.06      | 9 tokens           |
-| count_connected_components, 1       | 128        | 32 | 0.00      | 16 tokens          |
-| longest_increasing_subsequence, 1   | 128        | 32 | 0.00      | all cut at 128     |
-| modular_power_sum, 1                | 256        | 16 | 0.81      | 170 tokens         |
-| modular_power_sum, 1                | 96         | 32 | 0.00      | all cut at 96      |
-| modular_power_sum, 2                | 128        | 32 | 0.00      | all cut at 128     |
+Pass only if, paired by instance (b: wrong before and right after; c: right before and wrong
+after; `_nm`: the same on the non-modal instances, those the best constant gets wrong):
+- the pass rate after beats before: exact one-sided sign test p < 0.01;
+- the pass rate after beats the best constant's score by at least 0.05;
+- on the non-modal instances alone the pass rate rises, sign test p < 0.05.
 
-(An earlier measurement at difficulty 1, 12 instances each, greedy, long generations: the other
-five seeds 0.00.) The test checks the assumption: the pass rate before training must lie in
-[0.10, 0.60], or it fails saying so. Untrained, the model mostly answers "3"; at difficulty 1
-the distance is 1 for about half of the instances, so there is room to learn.
+The instances are the evaluation seeds from index `FIRST` on; the environment, difficulty and
+settings were chosen on the first 64 (a tuning slice), so the test's p-values mean what they
+say. The untrained model's greedy answers, measured on the tuning slice (`evoenv eval -e ENV -d D
+-n 64`, 32 tokens):
 
-Protocol. (1) Before: `evoenv eval` on the first `INSTANCES` held-out instances (greedy, one
-completion each, graded by the workers; the evaluation seed range is never drawn for
-training). (2) `evoenv learner --steps STEPS`, restricted to `edit_distance` at difficulty 1.
-(3) After: the same instances again, on the same server, now serving the last pushed version.
-The reward is the environment's own score (1 for the exact distance, else 0; no answer span is
-a format error, reward 0): no reward shaping of any kind.
+| environment, difficulty | pass rate | best constant | format errors | mean completion |
+| ----------------------- | --------- | ------------- | ------------- | --------------- |
+| copy_word, 1            | 0.77      | 0.02          | 10 of 64      | 8 tokens        |
+| copy_word, 3            | 0.88      | 0.02          | 4 of 64       | 10 tokens       |
+| edit_distance, 2        | 0.09      | 0.50 ('1')    | 0             | 8 tokens        |
+| sort_words, 1           | 0.03      | 0.03          | 0             | 14 tokens       |
+| planted_subset_sum, 1   | 0.13      | 0.19          | 0             | 15 tokens       |
+| knapsack_max_value, 1   | 0.03      | 0.22 ('10')   | 4             | 14 tokens       |
 
-Learning settings, measured: 3 steps of 12 groups of 4 completions (144 sequences of ~150
-tokens), temperature 1, learning rate 5e-6 (the default 1e-6 moves the bfloat16 weights vLLM
-serves too little in 3 steps). At 1e-5 and above the policy was unstable within 2-3 steps on
-this task: greedy pass rate 0.23 -> 0.34 after one step, then 0.00 (bare digits without the
-answer tags: format errors), or collapsed onto "0" (0.03); once onto "1" (0.47).
+(32 instances each below the first two rows.) On the seeds the small model is either near zero
+(sort_words copies the prompt's example answer), or below a constant (edit_distance at
+difficulty 1: 0.27 against 0.535 for always answering "1"). copy_word is the one where the model
+knows most answers but not always how to give them: a quarter of its greedy answers are
+`<word>` instead of `<answer>word</answer>`, so every answer differs (the best constant passes
+about one instance in 64) and what training can add is visible in the format errors and the
+pass rate alike. The line the test prints says how much of the change is format
+(`fmt_err_before`, `fmt_err_after`).
 
-Statistics. The outcomes are paired by instance. Let b be the instances wrong before and right
-after, c those right before and wrong after. Under the null hypothesis that training changes
-nothing (each changed outcome equally likely to go either way), b ~ Binomial(b + c, 1/2); the
-test asserts the exact one-sided sign test (McNemar's exact test) gives p < 0.01, and that the
-mean reward rose by at least `MIN_RISE`. Greedy decoding makes the before and after
-measurements deterministic for a given policy: all the noise is in the training run.
-
-Why 12 groups of 4 and 256 instances. In three steps the model learns little more than which
-short answers to prefer for this kind of prompt, so a step pulls towards the answers of the
-instances in its batch. With 4 groups of 8 (4 instances a step) the outcome was a coin toss
-between runs on 128 held-out instances: 0.27 -> 0.49 (p = 1e-4) once, 0.266 -> 0.383 (38
-wrong->right, 23 right->wrong, p = 0.036) in CI, and on 256 instances 0.281 -> 0.293 (54
-wrong->right, 51 right->wrong, p = 0.42), the training batches' own mean reward falling from
-0.31 to 0.16 over the three steps. 12 groups of 4 put three times as many instances in each
-step for 1.5x the sequences (most groups of 4 have no reward variance and are skipped, so
-more are sampled): two runs at these settings passed, 0.281 -> 0.566 (101 wrong->right, 28
-right->wrong, p = 3.5e-11) in the second; 16-19.5 minutes with the cluster's start.
-256 held-out instances: the same proportions as the CI run above give p = 0.004 there.
+The line, parsed by whoever reads the output (also in pytest's terminal summary):
+`it-learns: env=NAME difficulty=D n=N before=... after=... best_constant=... answer='A'
+non_modal_before=... non_modal_after=... b=B c=C b_nm=B c_nm=C fmt_err_before=K fmt_err_after=K
+p=X p_non_modal=Y`
 """
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-import redis
 from e2e_support import Cluster, evoenv
 
-from shared import keys
+from shared.db import Archive
 from shared.environment import EVAL_SEEDS
-from shared.rollouts import decode_entry
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1500)]
 
-ENV = "edit_distance"
+ENV_FILE = Path(__file__).with_name("copy_word.py")
+ENV = "copy_word"
 DIFFICULTY = 1
-INSTANCES = 256
-"""Held-out instances, the same ones before and after training (see Statistics)."""
+INSTANCES = 128
+"""Held-out instances, the same ones before and after training."""
+FIRST = 1000
+"""Index of the first evaluation seed used: the tuning slice was the first 64."""
 MAX_TOKENS = 32
 """Longest completion, in training and evaluation (the model answers in about 8 tokens)."""
 STEPS = 3
 LEARNING_RATE = 5e-6
 GROUP_SIZE = 4
-BATCH_GROUPS = 12
-BAND = (0.10, 0.60)
-"""The pass rate before training must lie here (the issue's 10-60 %)."""
+BATCH_GROUPS = 8
+CEILING = 0.9
+"""Above this before training, the test could not show a rise: it says so and fails."""
 ALPHA = 0.01
-MIN_RISE = 0.08
+ALPHA_NON_MODAL = 0.05
+MARGIN = 0.05
+"""How far above the best constant's score the pass rate after training must be."""
 
 
 def learner_env(cluster: Cluster, run_dir: Path) -> dict[str, str]:
@@ -114,47 +102,31 @@ def learner_env(cluster: Cluster, run_dir: Path) -> dict[str, str]:
         "EVOENV_GRPO__MICRO_BATCH": "4",
         "EVOENV_GRPO__LEARNING_RATE": str(LEARNING_RATE),
         "EVOENV_GRPO__TEMPERATURE": "1.0",
-        # Sequences of ~150 tokens: activations are small, and recomputing them costs a third.
+        # Sequences of ~120 tokens: activations are small, and recomputing them costs a third.
         "EVOENV_GRPO__GRADIENT_CHECKPOINTING": "false",
     }
 
 
-def held_out(cluster: Cluster, run: str, log: Path) -> dict[int, float]:
-    """Reward of each held-out instance (by seed) under the policy served now: `evoenv eval`,
-    whose graded groups are read back from its stream (`RUN-eval`)."""
+def held_out(cluster: Cluster, run: str, log: Path) -> dict[str, Any]:
+    """`evoenv eval --json`'s object for ENV under the policy served now: pass rate, best
+    constant and one record per instance."""
     env = {**cluster.env, "EVOENV_RUN": run, "EVOENV_GRPO__MAX_TOKENS": str(MAX_TOKENS)}
-    with log.open("ab") as out:
+    args = ("-e", ENV, "-d", str(DIFFICULTY), "-n", str(INSTANCES), "--first", str(FIRST))
+    with log.open("ab") as errors:
         done = subprocess.run(
-            evoenv(
-                "eval",
-                "--env",
-                ENV,
-                "--difficulty",
-                str(DIFFICULTY),
-                "--instances",
-                str(INSTANCES),
-                "--json",
-            ),
+            evoenv("eval", *args, "--json"),
             env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
+            stdout=subprocess.PIPE,
+            stderr=errors,
             timeout=600,
             check=False,
         )
     assert done.returncode == 0, log.read_text()[-4000:]
-    client = redis.Redis.from_url(cluster.env["EVOENV_REDIS_URL"])
-    try:
-        entries = client.xrange(keys.rollout_stream(f"{run}-eval"))
-    finally:
-        client.close()
-    rewards: dict[int, float] = {}
-    for _, fields in entries:
-        group = decode_entry(fields)
-        (completion,) = group.completions
-        assert completion.reward is not None, f"env_error on seed {group.seed}: {completion}"
-        rewards[group.seed] = completion.reward
-    assert sorted(rewards) == [EVAL_SEEDS.start + k for k in range(INSTANCES)]
-    return rewards
+    result = json.loads(done.stdout.decode().splitlines()[-1])["environments"][ENV]
+    seeds = sorted(r["seed"] for r in result["records"])
+    assert seeds == [EVAL_SEEDS.start + FIRST + k for k in range(INSTANCES)], "env errors?"
+    assert result["best_constant"] is not None, "the best constant was not found"
+    return result
 
 
 def sign_test(b: int, c: int) -> float:
@@ -163,17 +135,61 @@ def sign_test(b: int, c: int) -> float:
     return sum(math.comb(n, k) for k in range(b, n + 1)) / 2**n if n else 1.0
 
 
-def test_held_out_reward_rises_after_training(cluster: Cluster, tmp_path: Path) -> None:
-    started = time.monotonic()
+def passes(result: dict[str, Any]) -> dict[int, bool]:
+    return {r["seed"]: r["reward"] == 1.0 for r in result["records"]}
+
+
+def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The paired comparison and the line the test prints."""
+    old, new = passes(before), passes(after)
+    # The best constant of either run (for an equality oracle the two are the same answer).
+    best = max(before["best_constant"], after["best_constant"], key=lambda c: c["score"])
+    source = before if best is before["best_constant"] else after
+    non_modal = {r["seed"] for r in source["records"] if r["constant_reward"] != 1.0}
+    b = sum(not old[s] and new[s] for s in old)
+    c = sum(old[s] and not new[s] for s in old)
+    b_nm = sum(not old[s] and new[s] for s in non_modal)
+    c_nm = sum(old[s] and not new[s] for s in non_modal)
+    n_nm = max(1, len(non_modal))
+    out = {
+        "before": sum(old.values()) / len(old),
+        "after": sum(new.values()) / len(new),
+        "best_constant": best["score"],
+        "non_modal_before": sum(old[s] for s in non_modal) / n_nm,
+        "non_modal_after": sum(new[s] for s in non_modal) / n_nm,
+        "b": b,
+        "c": c,
+        "b_nm": b_nm,
+        "c_nm": c_nm,
+        "p": sign_test(b, c),
+        "p_non_modal": sign_test(b_nm, c_nm),
+    }
+    fmt_before = sum(r["answer"] is None for r in before["records"])
+    fmt_after = sum(r["answer"] is None for r in after["records"])
+    out["line"] = (
+        f"it-learns: env={ENV} difficulty={DIFFICULTY} n={len(old)} before={out['before']:.3f} "
+        f"after={out['after']:.3f} best_constant={best['score']:.3f} answer={best['answer']!r} "
+        f"non_modal_before={out['non_modal_before']:.3f} "
+        f"non_modal_after={out['non_modal_after']:.3f} b={b} c={c} b_nm={b_nm} c_nm={c_nm} "
+        f"fmt_err_before={fmt_before} fmt_err_after={fmt_after} p={out['p']:.2g} "
+        f"p_non_modal={out['p_non_modal']:.2g}"
+    )
+    return out
+
+
+def test_greedy_pass_rate_rises_above_before_and_above_the_best_constant(
+    cluster: Cluster, tmp_path: Path, claim: Any
+) -> None:
+    Archive(cluster.settings().archive_url).add_environment(
+        ENV, ENV_FILE.read_text(), status="admitted", origin="user"
+    )
     log = tmp_path / "learns.log"
     before = held_out(cluster, "before", log)
-    rate_before = sum(before.values()) / INSTANCES
-    if not BAND[0] <= rate_before <= BAND[1]:
+    if before["pass_rate"] > CEILING:
         pytest.fail(
             f"the untrained model's pass rate on {ENV} at difficulty {DIFFICULTY} is "
-            f"{rate_before:.2f} ({INSTANCES} held-out instances), outside {BAND}: the test's "
-            "choice of seed and difficulty no longer holds (model or seed changed?); measure "
-            "again and choose another, see the module docstring"
+            f"{before['pass_rate']:.2f}, above {CEILING}: no room to show a rise (model or "
+            "environment changed?); measure again and choose another, see the module docstring"
         )
 
     with log.open("ab") as out:
@@ -187,16 +203,9 @@ def test_held_out_reward_rises_after_training(cluster: Cluster, tmp_path: Path) 
         )
     assert trained.returncode == 0, log.read_text()[-4000:]
 
-    after = held_out(cluster, "after", log)
-    rate_after = sum(after.values()) / INSTANCES
-    b = sum(before[s] < 1.0 <= after[s] for s in before)
-    c = sum(after[s] < 1.0 <= before[s] for s in before)
-    p = sign_test(b, c)
-    summary = (
-        f"{ENV} d={DIFFICULTY}, {INSTANCES} held-out instances: mean reward "
-        f"{rate_before:.3f} -> {rate_after:.3f}; wrong->right {b}, right->wrong {c}, "
-        f"one-sided sign test p = {p:.2g}; {time.monotonic() - started:.0f} s after the cluster"
-    )
-    print(summary)
-    assert rate_after - rate_before >= MIN_RISE, summary
-    assert p < ALPHA, summary
+    result = compare(before, held_out(cluster, "after", log))
+    claim(result["line"])
+    assert result["p"] < ALPHA, result["line"]
+    assert result["after"] >= result["best_constant"] + MARGIN, result["line"]
+    assert result["non_modal_after"] > result["non_modal_before"], result["line"]
+    assert result["p_non_modal"] < ALPHA_NON_MODAL, result["line"]
