@@ -67,6 +67,17 @@ class LearnerState:
     last_metrics: dict[str, Any] = field(default_factory=dict)
     stopping: bool = False
     """A stop was asked for: the step in progress is dropped, then a checkpoint is written."""
+    tokens: int = 0
+    """Completion tokens in the groups read from the stream (trained, skipped or over budget),
+    over the whole run (kept in checkpoints)."""
+    in_flight: Callable[[], int] = field(default=lambda: 0, repr=False)
+    """Solver and generator groups sent and not yet back (the orchestrator's live count)."""
+
+    @property
+    def judged(self) -> int:
+        """Generated candidates that reached an admission verdict over the whole run: the
+        funnel's count, less the candidates of groups that expired."""
+        return sum(count for outcome, count in self.funnel.items() if outcome != "expired")
 
 
 def hangup_handler(then: Callable[[], None]) -> Callable[[], None] | None:
@@ -166,6 +177,7 @@ async def run(
         extra = await asyncio.to_thread(trainer.load_checkpoint, latest)
         state.step = trainer.step_count
         state.funnel = dict(extra.get("funnel", {}))
+        state.tokens = int(extra.get("tokens", 0))
         target = max(int(extra.get("version", 0)), read_version(sync_redis)) + 1
         state.version = await asyncio.to_thread(publisher.publish, trainer.model, target)
         log.info("learner_resumed", checkpoint=str(latest), step=state.step, version=state.version)
@@ -186,6 +198,7 @@ async def run(
         expire_group=lambda group_id, why: expire_group(expiring, settings.run, group_id, why),
         funnel=state.funnel,
     )
+    state.in_flight = orchestrator.groups_in_flight
     orchestrator.levels.update({str(k): int(v) for k, v in extra.get("levels", {}).items()})
     orchestrator.spread.update({str(k): list(v) for k, v in extra.get("spread", {}).items()})
     metrics = MetricsSink(settings, archive, run_dir / "tensorboard")
@@ -226,6 +239,7 @@ async def run(
             "version": state.version,
             "unacked": ids,
             "funnel": state.funnel,
+            "tokens": state.tokens,
             "orchestrator_seed": rng.random(),
             "levels": orchestrator.levels,
             "spread": orchestrator.spread,
@@ -401,6 +415,7 @@ async def settle_read(
     """Settle a group read from the stream with the orchestrator (its slot, its level, the
     funnel); True if it goes to the trainer, False if it is skipped (over the prompt budget,
     or no reward variance: nothing to learn from)."""
+    state.tokens += sum(len(c.token_ids) for c in group.completions)
     if group.role == "generator":
         orchestrator.generation_done(group.group_id)
         _count(state.funnel, group.data.get("funnel", []))

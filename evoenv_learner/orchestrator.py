@@ -183,6 +183,11 @@ class Orchestrator:
             self.round_trained = max(0, self.round_trained - self.settings.grpo.batch_groups)
             self._wake.set()
 
+    def groups_in_flight(self) -> int:
+        """Solver and generator groups sent and not yet back: a solver group until its chain
+        ends (its group then waits in the stream), a generation group until it is read."""
+        return len(self.solver_in_flight) + len(self.generator_in_flight)
+
     def generation_done(self, group_id: str) -> None:
         """A generation group was read from the stream (trained, skipped or dropped)."""
         self.generator_in_flight.pop(group_id, None)

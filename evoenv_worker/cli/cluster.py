@@ -50,6 +50,19 @@ def redis_or_exit(settings: Settings) -> Any:
         raise typer.Exit(EXIT_ERROR) from exc
 
 
+def redis_of_running_up(settings: Settings) -> Settings:
+    """`settings` pointed at the Redis to read (`up_record.choose_redis`: an explicit
+    EVOENV_REDIS_URL, else that of the running `evoenv up` of the same run folder, else the
+    default), having said which and why on stderr."""
+    from evoenv_worker.cli.up_record import choose_redis
+
+    choice = choose_redis(settings)
+    if choice.note is not None:
+        err.print(choice.note, markup=False)
+    err.print(choice.line, markup=False)
+    return settings.model_copy(update={"redis_url": choice.redis_url})
+
+
 def worker(
     ctx: typer.Context,
     queues: str = typer.Option(
@@ -140,7 +153,7 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Queue depths, workers alive, jobs in flight, dead letters, rollout stream, policy version."""
-    settings: Settings = ctx.obj
+    settings = redis_of_running_up(ctx.obj)
     client = redis_or_exit(settings)
     app = _app(settings)
     inspect = app.control.inspect(timeout=1.5)
@@ -189,7 +202,7 @@ def job(
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
 ) -> None:
     """Show the state or result of a validation job."""
-    settings: Settings = ctx.obj
+    settings = redis_of_running_up(ctx.obj)
     redis_or_exit(settings).close()
     app = _app(settings)
     result = app.AsyncResult(job_id)
@@ -215,6 +228,7 @@ def validate_on_queue(
 ) -> list[ValidationReport]:
     """`evoenv validate --queue`: one job per file on the validation queue (the model stages,
     if asked, then run as jobs on their own queues); the reports in the order they finish."""
+    settings = redis_of_running_up(settings)
     client = redis_or_exit(settings)
     app = _app(settings)
     missing, message = unconsumed(app, [keys.VALIDATION_QUEUE])

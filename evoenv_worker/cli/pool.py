@@ -9,9 +9,9 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from evoenv_worker.cli.envs import exit_code, out, print_report
+from evoenv_worker.cli.envs import err, exit_code, out, print_report
 from evoenv_worker.cli.source_file import read_source
-from shared.config import Settings
+from shared.config import Settings, mask_url
 from shared.errors import UsageError
 
 app = typer.Typer(help="The pool of admitted environments.", no_args_is_help=True)
@@ -50,6 +50,7 @@ def list_pool(
     as_json: bool = typer.Option(False, "--json", help="One JSON object per environment."),
 ) -> None:
     """The active pool (seeds and admitted environments) with their difficulties and use."""
+    err.print(archive_line(ctx.obj), markup=False)
     archive = _archive(ctx.obj)
     rows = [r for r in archive.environments() if every or r.status in {"seed", "admitted"}]
     if as_json:
@@ -81,6 +82,16 @@ def list_pool(
             s["sha"][:10],
         )
     out.print(table)
+
+
+def archive_line(settings: Settings) -> str:
+    """Which archive the pool is read from, and why, for stderr. The pool lives in the archive
+    alone (no Redis is read), which a running `evoenv up` of the same data folder shares."""
+    if settings.database_url:
+        why = "set by EVOENV_DATABASE_URL"
+    else:
+        why = f"the default in the data folder {settings.data_dir}"
+    return f"archive: {mask_url(settings.archive_url)} ({why})"
 
 
 def _summary(row: Any) -> dict[str, Any]:

@@ -133,9 +133,10 @@ def evaluate(
     from evoenv_learner.orchestrator import Orchestrator
     from evoenv_learner.pool import Pool, seed_pool
     from evoenv_worker.app import configure
+    from evoenv_worker.cli.cluster import redis_of_running_up
     from shared.db import Archive
 
-    settings: Settings = ctx.obj
+    settings = redis_of_running_up(ctx.obj)
     _require_workers(settings, configure(settings))
     archive = Archive(settings.archive_url)
     seed_pool(archive, settings.seeds_dir)

@@ -5,6 +5,10 @@ the vLLM server on the embedded model unless EVOENV_VLLM_URLS is set, one worker
 Flower, and the learner in the foreground. Ctrl-C or --steps ends it cleanly: checkpoint,
 every child stopped, the report written; so does closing its terminal (SIGHUP), its output
 going to /dev/null from then on. Run it again in the same folder and it resumes.
+
+Its Redis is recorded in the run folder while it runs (`up_record`), so that `evoenv status`
+and the other commands run beside it read that Redis. Off a terminal it prints a progress line
+a minute until the first step, then a line a step (`up_display`).
 """
 
 from __future__ import annotations
@@ -15,14 +19,17 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
 from rich.live import Live
-from rich.table import Table
 
+from evoenv_learner.supervisor import Child, Supervisor
 from evoenv_worker.cli.envs import EXIT_ERROR, err, out
+from evoenv_worker.cli.up_display import Display, progress_lines
+from evoenv_worker.cli.up_record import remove_record, write_record
 from shared import keys
 from shared.config import Settings
 from shared.errors import EvoEnvError
@@ -38,6 +45,7 @@ def up(
     steps: int | None = typer.Option(None, "--steps", help="Stop after this many optimiser steps."),
 ) -> None:
     """Run everything on this machine: Redis, vLLM, workers, Flower and the learner."""
+    started = time.monotonic()
     settings: Settings = ctx.obj
     from evoenv_worker.serve import dtype_choice, on_gpu
 
@@ -61,7 +69,7 @@ def up(
     if hung_up is not None:  # until the learner takes it over, a hangup is a Ctrl-C
         signal.signal(signal.SIGHUP, lambda *_: hung_up())
     try:
-        state = asyncio.run(_up(settings))
+        state = asyncio.run(_up(settings, started))
     except EvoEnvError as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(EXIT_ERROR) from exc
@@ -152,11 +160,30 @@ def _evoenv(*args: str) -> list[str]:
     return [sys.executable, "-c", "from evoenv_worker.cli import main; main()", *args]
 
 
-async def _up(settings: Settings) -> dict[str, Any]:
+def _say(line: str) -> None:
+    out.print(line, markup=False)
+
+
+async def _up(settings: Settings, started: float) -> dict[str, Any]:
+    """Start the children, then run the learner; `started` is the `time.monotonic()` of the
+    command's start, from which the progress lines count."""
+    supervisor = Supervisor()
+    display = Display(supervisor, settings.grpo.batch_groups, started)
+    # off a terminal, a line a minute until the first step (the live table shows the same)
+    ticker = None if out.is_terminal else asyncio.create_task(progress_lines(display, _say))
+    try:
+        return await _run_up(settings, supervisor, display)
+    finally:
+        if ticker is not None:
+            ticker.cancel()
+
+
+async def _run_up(settings: Settings, supervisor: Supervisor, display: Display) -> dict[str, Any]:
+    """Add the children, start them under `supervisor`, run the learner in the foreground,
+    then stop every child and write the report; the final step, version and report path."""
     import httpx
 
     from evoenv_learner.loop import run
-    from evoenv_learner.supervisor import Child, Supervisor
     from shared.logging import add_log_file
 
     run_dir = settings.run_dir
@@ -164,7 +191,6 @@ async def _up(settings: Settings) -> dict[str, Any]:
     logs = run_dir / "logs"
     add_log_file(logs / "learner.log")
     env = dict(os.environ)
-    supervisor = Supervisor()
     republish = asyncio.Event()
     every_core = frozenset(os.sched_getaffinity(0))
     split = core_split()
@@ -268,33 +294,28 @@ async def _up(settings: Settings) -> dict[str, Any]:
     stop = asyncio.Event()
     state: dict[str, Any] = {"step": 0, "version": 0, "report": None}
     try:
-        for child in supervisor.children:
-            out.print(f"starting {child.name} ...", markup=False)
-            await supervisor.start(child, timeout=900 if child.name == "vllm" else 60)
-        for child in workers:
-            supervisor.add(child)
-            child.start()
-        for child in supervisor.children:
-            child.cpus = every_core  # restarts must not inherit the learner's cores
-        if split is not None:
-            _train_on(split[1])
-        out.print(f"Flower on http://127.0.0.1:{flower_port}  logs in {logs}", markup=False)
-        resume = (run_dir / "checkpoints").is_dir() and any(
-            (run_dir / "checkpoints").glob("step-*")
-        )
-        display = Display(supervisor, settings.grpo.batch_groups)
-        from transformers.utils import logging as transformers_logging
-
-        transformers_logging.disable_progress_bar()  # loading bars would break the live display
-        # drawn anew at each refresh: the children's state and the wait for the first step
-        # show as they change, not only at the next step
+        # drawn anew at each refresh: the children's state, the progress counts and the wait
+        # for the first step show as they change, not only at the next step
         with Live(get_renderable=display.table, refresh_per_second=1, transient=False) as live:
+            await _start_services(supervisor, display, run_dir, settings.redis_url)
+            for child in workers:
+                supervisor.add(child)
+                child.start()
+            for child in supervisor.children:
+                child.cpus = every_core  # restarts must not inherit the learner's cores
+            if split is not None:
+                _train_on(split[1])
+            out.print(f"Flower on http://127.0.0.1:{flower_port}  logs in {logs}", markup=False)
+            resume = (run_dir / "checkpoints").is_dir() and any(
+                (run_dir / "checkpoints").glob("step-*")
+            )
+            from transformers.utils import logging as transformers_logging
 
-            def on_start(learner_state: Any) -> None:
-                display.learner = learner_state
+            transformers_logging.disable_progress_bar()  # loading bars would break the display
 
             def on_step(learner_state: Any) -> None:
-                display.learner = learner_state
+                if display.learner is None:  # a stop asked for before the learner ran
+                    display.learner_started(learner_state)
                 live.refresh()
                 if not out.is_terminal:  # Live shows only its last table off a terminal
                     out.print(display.line(learner_state), markup=False)
@@ -310,7 +331,7 @@ async def _up(settings: Settings) -> dict[str, Any]:
                     settings,
                     resume=resume,
                     on_step=on_step,
-                    on_start=on_start,
+                    on_start=display.learner_started,
                     republish=republish,
                 )
             finally:
@@ -319,9 +340,29 @@ async def _up(settings: Settings) -> dict[str, Any]:
         state.update(step=learner_state.step, version=learner_state.version)
         state["gave_up"] = supervisor.gave_up
     finally:
-        supervisor.stop_all()
+        try:
+            supervisor.stop_all()
+        finally:
+            remove_record(run_dir)
     state["report"] = str(_report(settings))
     return state
+
+
+async def _start_services(
+    supervisor: Supervisor, display: Display, run_dir: Path, redis_url: str
+) -> None:
+    """Start the children added so far (Redis, vLLM), each waited for until it serves, and
+    record the Redis in the run folder as soon as it answers, for `evoenv status` and the other
+    commands run beside this one (`up_record`), not only after vLLM's minutes of loading."""
+    if not any(child.name == "redis" for child in supervisor.children):
+        write_record(run_dir, redis_url)  # the user's own Redis, already there
+    for child in supervisor.children:
+        out.print(f"starting {child.name} ...", markup=False)
+        display.starting = child.name
+        await supervisor.start(child, timeout=900 if child.name == "vllm" else 60)
+        display.starting = None
+        if child.name == "redis":
+            write_record(run_dir, redis_url)
 
 
 def _interrupt() -> NoReturn:
@@ -341,70 +382,3 @@ def _report(settings: Settings) -> Path:
         run_dir=settings.run_dir,
     )
     return settings.run_dir / "report" / "report.md"
-
-
-class Display:
-    """The live table: the learner's state (once it runs) and the children's."""
-
-    def __init__(self, supervisor: Any, batch_groups: int) -> None:
-        self.supervisor = supervisor
-        self.batch_groups = batch_groups
-        self.learner: Any = None
-
-    def table(self) -> Table:
-        learner, supervisor = self.learner, self.supervisor
-        table = Table(title="EvoEnv", show_header=False)
-        if learner is None:
-            table.add_row("learner", "starting (model, checkpoint) ...")
-        elif learner.step == 0 and not learner.last_metrics and not learner.stopping:
-            # on two cores the first step can take many minutes: groups whose answers all
-            # score alike teach nothing and are skipped
-            table.add_row(
-                "learner",
-                f"first step: waiting for {self.batch_groups} groups with different rewards "
-                f"({learner.skipped_groups} skipped: all answers scored alike)",
-            )
-        else:
-            m = learner.last_metrics
-            table.add_row("step / policy version", f"{learner.step} / {learner.version}")
-            table.add_row("solver reward", _fmt(m.get("reward_mean_solver")))
-            table.add_row("generator reward", _fmt(m.get("reward_mean_generator")))
-            table.add_row("pool size", str(m.get("pool", "-")))
-            table.add_row(
-                "admission funnel",
-                ", ".join(f"{k}: {v}" for k, v in sorted(learner.funnel.items())) or "-",
-            )
-            table.add_row(
-                "in flight (solver / generator)",
-                f"{m.get('in_flight_solver', '-')} / {m.get('in_flight_generator', '-')}",
-            )
-            table.add_row("stale groups dropped", str(learner.stale_dropped))
-            if learner.stopping:
-                table.add_row("stopping", "the step in progress is dropped; writing a checkpoint")
-        for child in supervisor.children:
-            table.add_row(
-                child.name,
-                ("up" if child.alive else "down")
-                + (f", {child.restarts} restarts" if child.restarts else ""),
-            )
-        return table
-
-    def line(self, learner: Any) -> str:
-        """The table's learner rows on one line, for output that is not a terminal."""
-        m = learner.last_metrics
-        funnel = ", ".join(f"{k}: {v}" for k, v in sorted(learner.funnel.items())) or "-"
-        return (
-            f"step {learner.step}  version {learner.version}  solver reward "
-            f"{_fmt(m.get('reward_mean_solver'))}  generator reward "
-            f"{_fmt(m.get('reward_mean_generator'))}  pool {m.get('pool', '-')}  "
-            f"admission funnel {funnel}"
-            + (
-                "  (stopping: dropping the step in progress, then a checkpoint)"
-                if learner.stopping
-                else ""
-            )
-        )
-
-
-def _fmt(value: Any) -> str:
-    return f"{value:.3f}" if isinstance(value, float) else "-"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -77,11 +78,23 @@ DEADLINE = 14 * 60
 """Seconds the run may take to reach everything `_watch` waits for."""
 
 
+def _status_beside(data_dir: Path) -> subprocess.CompletedProcess[str]:
+    """`evoenv status --json` as from a second terminal: the same data folder, no Redis set."""
+    return subprocess.run(
+        evoenv("status", "--json"),
+        env=up_env(data_dir),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def _watch(
-    proc: subprocess.Popen[bytes], data_dir: Path
+    proc: subprocess.Popen[bytes], data_dir: Path, beside: list[subprocess.CompletedProcess[str]]
 ) -> tuple[set[int], dict[str, int], list[str]]:
-    """Follow `up`, recording every descendant. Once the first step is logged, SIGKILL the
-    vLLM server and the grading worker (each a process group). Once three steps are logged,
+    """Follow `up`, recording every descendant. Once the first step is logged, run `evoenv
+    status` beside it (into `beside`), then SIGKILL the vLLM server and the grading worker
+    (each a process group). Once three steps are logged,
     a generator group reached the learner and a push reached the restarted server, stop `up` as
     Ctrl-C does (SIGINT). Returns the descendants, the killed children's pids, and what was
     still missing when the deadline came (empty when everything came)."""
@@ -95,6 +108,7 @@ def _watch(
         seen = events(learner_log) if learner_log.exists() else []
         steps = [e for e in seen if e.get("event") == "train_step"]
         if steps and not killed:
+            beside.append(_status_beside(data_dir))
             pids = {
                 e["child"]: int(str(e["pid"])) for e in seen if e.get("event") == "child_started"
             }
@@ -151,8 +165,9 @@ def test_up_trains_both_roles_survives_kills_and_leaves_nothing(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    beside: list[subprocess.CompletedProcess[str]] = []
     try:
-        ever, killed, missing = _watch(proc, data_dir)
+        ever, killed, missing = _watch(proc, data_dir, beside)
     finally:
         if proc.poll() is None:  # the test failed or was interrupted: take everything down
             for pid in descendants(proc.pid):
@@ -195,9 +210,20 @@ def test_up_trains_both_roles_survives_kills_and_leaves_nothing(
     ), "no push reached the restarted server"
     steps = [e for e in seen if e.get("event") == "train_step"]
     assert [e["step"] for e in steps] == list(range(1, len(steps) + 1)) and len(steps) >= 3
-    # Off a terminal (here a file), the live table is one line a step.
+    # Off a terminal (here a file), the live table is one line a step, and before the first
+    # a progress line a minute (the first within a minute, while vLLM loads).
     for step in (1, 2, 3):
         assert f"step {step}  version " in text, f"no progress line for step {step}"
+    elapsed = re.findall(r"progress  elapsed (\d+)s  in flight \d+  tokens \d+  judged \d+", text)
+    assert elapsed and int(elapsed[0]) <= 60, elapsed
+    assert text.index("progress  elapsed ") < text.index("step 1  version ")
+    # `evoenv status` beside `up` read its private Redis (from the run folder), and said so.
+    (status,) = beside
+    assert status.returncode == 0, status.stderr
+    (started,) = [e for e in seen if e.get("event") == "learner_started"]
+    up_redis = started["settings"]["redis_url"]  # type: ignore[index]
+    assert json.loads(status.stdout)["redis"] == up_redis
+    assert f"redis: {up_redis} (the running `evoenv up` of " in status.stderr
     pushes = [e for e in seen if e.get("event") == "weights_published"]
     assert len(pushes) >= 2 and pushes[-1]["version"] > pushes[0]["version"]
     assert any(e.get("event") == "generation_group_done" for e in seen)

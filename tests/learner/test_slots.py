@@ -134,12 +134,15 @@ def test_a_generation_group_read_frees_its_slot_trained_or_skipped(
 ) -> None:
     o, _, _ = orchestrator()
     o.generator_in_flight["g"] = Result()
+    assert o.groups_in_flight() == 1
     state = LearnerState()
     queued = asyncio.run(settle_read(group("generator", rewards), o, OnePool(), state, o.settings))  # type: ignore[arg-type]
     assert queued is trained
     assert o.generator_in_flight == {}
     assert state.funnel == {"L1": 1, "admitted": 1}
     assert state.skipped_groups == (0 if trained else 1)
+    assert state.tokens == 2 and state.judged == 2  # one token per completion; two verdicts
+    assert o.groups_in_flight() == 0
 
 
 @pytest.mark.parametrize("why", ["stale", "malformed"])
