@@ -29,10 +29,11 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 import structlog
@@ -50,6 +51,9 @@ from shared.db import Archive
 from shared.errors import EvoEnvError, ServiceUnavailable
 from shared.messages import GradedGroup
 from shared.policy import read_version
+
+if TYPE_CHECKING:
+    from evoenv_learner.publisher import WeightPublisher
 
 log = structlog.get_logger(__name__)
 
@@ -171,6 +175,9 @@ async def run(
         make_publisher, settings, sync_redis, trainer.model, run_dir / "weights", model_path
     )
     state = LearnerState(version=read_version(sync_redis))
+    take_turns = settings.learner.take_turns
+    if take_turns is None:  # on a CPU, generation and training share the cores
+        take_turns = next(trainer.model.parameters()).device.type == "cpu"
     extra: dict[str, Any] = {}
     latest = latest_checkpoint(run_dir / "checkpoints") if resume else None
     if latest is not None:
@@ -315,7 +322,8 @@ async def run(
                         continue
                     carry = []
                     try:
-                        step_metrics = await asyncio.to_thread(trainer.step, batch)
+                        async with taking_turns(publisher, take_turns):
+                            step_metrics = await asyncio.to_thread(trainer.step, batch)
                     except StepInterrupted:
                         # its groups count as read (gradings and funnel are recorded) and go
                         # with the stop's checkpoint, like those still queued
@@ -390,6 +398,21 @@ async def run(
         sync_redis.close()
     log.info("learner_stopped", step=state.step, version=state.version, funnel=state.funnel)
     return state
+
+
+@asynccontextmanager
+async def taking_turns(publisher: WeightPublisher, enabled: bool) -> AsyncIterator[None]:
+    """With `enabled`, the model servers are paused (keep mode) for the block: on a machine
+    without a GPU the step then has every core instead of sharing them with generation, which
+    waits where it is and goes on after the step (`learner.take_turns`)."""
+    if not enabled:
+        yield
+        return
+    held = await asyncio.to_thread(publisher.hold)
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(publisher.release, held)
 
 
 def run_process(settings: Settings, *, resume: bool = False) -> LearnerState | None:

@@ -61,6 +61,14 @@ class WeightPublisher(Protocol):
         """Push `model`'s weights as `version` (default: the version in Redis plus one)."""
         ...
 
+    def hold(self) -> list[str]:
+        """Pause every server in keep mode for a training step; the URLs paused."""
+        ...
+
+    def release(self, held: list[str]) -> None:
+        """Resume the servers `hold` paused."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -233,6 +241,31 @@ class _Pusher:
                     log.error("resume_failed", server=server.url, error=str(exc))
             if failures:
                 raise ServiceUnavailable("could not resume: " + "; ".join(failures))
+
+    def hold(self) -> list[str]:
+        """Pause every server in keep mode (in-flight requests freeze where they are, new ones
+        queue) so that a training step has the cores; returns the URLs of those paused, for
+        `release`. A server that cannot be paused is logged and left generating: the step
+        only runs slower."""
+        held = []
+        for server in self.servers:
+            try:
+                server.pause("keep")
+            except EvoEnvError as exc:
+                log.warning("hold_failed", server=server.url, error=str(exc))
+                continue
+            held.append(server.url)
+        return held
+
+    def release(self, held: list[str]) -> None:
+        """Resume the servers `hold` paused; a failure is logged (the supervisor restarts a
+        server that stops answering)."""
+        for server in self.servers:
+            if server.url in held:
+                try:
+                    server.resume()
+                except EvoEnvError as exc:
+                    log.error("resume_failed", server=server.url, error=str(exc))
 
     def commit(self, version: int) -> None:
         """Label every server with `version`, then publish it in Redis."""

@@ -262,6 +262,10 @@ class LearnerSettings(BaseModel):
     """Solver groups kept in flight through the queues."""
     generator_groups_in_flight: int = Field(1, ge=0)
     """Generation groups (proposals + admission) kept in flight."""
+    take_turns: bool | None = None
+    """Pause the model servers while the trainer steps (keep mode: requests in flight wait and
+    then go on, nothing is lost), so that the step has every core; resumed after it. None: on
+    where the learner has no GPU (generation and training share the CPU's cores)."""
     generation_deadline: float = Field(3600.0, gt=0)
     """Seconds a generation group may take (proposal, L1-L5, model stages); past it, it expires."""
     stream_backlog: int = Field(16, ge=1)

@@ -13,13 +13,15 @@ from shared.ports import free_port as free_port  # re-exported for the tests
 class FakeServer:
     """A tiny local HTTP server that answers each (method, path) with a set status and JSON.
 
-    Unlisted paths answer `default` (500 unless set). Every request is recorded in `hits`.
+    Unlisted paths answer `default` (500 unless set). Every request is recorded in `hits`, its
+    path with the query string in `targets`.
     """
 
     def __init__(self, default: int = 500) -> None:
         self.default = default
         self.routes: dict[tuple[str, str], tuple[int, Any]] = {}
         self.hits: list[tuple[str, str, Any]] = []
+        self.targets: list[str] = []
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -28,6 +30,7 @@ class FakeServer:
                 raw = self.rfile.read(length) if length else b""
                 path = self.path.split("?", 1)[0]
                 fake.hits.append((self.command, path, json.loads(raw) if raw else None))
+                fake.targets.append(self.path)
                 status, body = fake.routes.get((self.command, path), (fake.default, {"error": "x"}))
                 data = json.dumps(body).encode()
                 self.send_response(status)

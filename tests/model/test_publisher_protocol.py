@@ -175,3 +175,23 @@ def test_serve_weight_push_selects_the_publisher(
     assert built == [([server.url], model, "127.0.0.1")]
     assert server.paths().count("/collective_rpc") == 1, "no reload through the NCCL path"
     client.close()
+
+
+def test_hold_pauses_in_keep_mode_and_release_resumes_only_the_servers_held(
+    redis_url: str, fake_servers: Callable[[], FakeServer], tmp_path: Path
+) -> None:
+    """Turn-taking (`learner.take_turns`): the servers are paused with their requests kept for
+    a step; one that cannot be paused is left generating (the step only runs slower)."""
+    good, broken = healthy(fake_servers()), fake_servers()
+    client = redis.Redis.from_url(redis_url)
+    publisher = ReloadPublisher(
+        [good.url, broken.url], client, tmp_path / "push", tmp_path / "base", backoff=0.01
+    )
+    held = publisher.hold()
+    assert held == [good.url]
+    assert good.targets == ["/pause?mode=keep"]
+    publisher.release(held)
+    assert good.paths() == ["/pause", "/resume"]
+    assert "/resume" not in broken.paths()
+    publisher.close()
+    client.close()
