@@ -138,7 +138,8 @@ def core_split() -> tuple[frozenset[int], frozenset[int]] | None:
     vLLM's CPU engine binds its OpenMP threads to cores and torch spreads the learner's over
     all of them; sharing a core slows both several times over (each parallel region waits for
     its slowest thread): measured on two cores, training fell from ~40 to ~8 tokens/s and a
-    weight push from 5 to 60-75 s. Splitting the cores gives each its own."""
+    weight push from 5 to 60-75 s. Splitting the cores gives each its own; taking turns
+    (`learner.take_turns`, the default here) gives each all of them in turn instead."""
     import torch
 
     cores = sorted(os.sched_getaffinity(0))
@@ -193,7 +194,9 @@ async def _run_up(settings: Settings, supervisor: Supervisor, display: Display) 
     env = dict(os.environ)
     republish = asyncio.Event()
     every_core = frozenset(os.sched_getaffinity(0))
-    split = core_split()
+    # Taking turns (the default without a GPU), vLLM and the learner each use every core in
+    # turn; otherwise each keeps its own half.
+    split = core_split() if settings.learner.take_turns is False else None
     own_env: dict[str, dict[str, str]] = {}
     updates: dict[str, Any] = {}
     if "EVOENV_REDIS_URL" not in os.environ:
