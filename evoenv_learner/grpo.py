@@ -1,4 +1,4 @@
-"""Role-conditioned GRPO as pure tensor functions (DESIGN.md, "Trainer").
+"""Role-conditioned GRPO as pure tensor functions (docs/DESIGN.md#trainer).
 
 - `group_advantages`: rewards of one group -> one advantage per completion,
   A_i = (r_i - mean(r)) / (std(r) + eps) over the group's valid rewards (population std),

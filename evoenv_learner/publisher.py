@@ -12,7 +12,7 @@ One interface, `WeightPublisher.publish(model) -> version`, two mechanisms:
 The learner builds its publisher with `make_publisher`: `serve.weight_push`, the setting that
 starts the servers, chooses the mechanism for both.
 
-The push sequence (DESIGN.md, "Policy versions"): pause every server (in-flight requests
+The push sequence (docs/DESIGN.md#policy-versions): pause every server (in-flight requests
 finish; new ones queue), load the new weights on each, reset its prefix cache and label its
 weights with the new version, bump the version in Redis once every server serves them, and
 resume every server. A step that fails is retried with backoff; a push that still fails puts

@@ -1,9 +1,9 @@
 """The only `Celery()` of EvoEnv, configured from settings by `configure`.
 
-Delivery is at least once (DESIGN.md): late acknowledgement, a job whose worker process dies is
-handed back, prefetch of one, a Redis visibility timeout longer than every hard time limit, and
-JSON only. Jobs are routed by the resource they need: `generation` (vLLM, I/O), `validation`
-and `grading` (sandbox CPU).
+Delivery is at least once (docs/DESIGN.md#failure-rules): late acknowledgement, a job whose
+worker process dies is handed back, prefetch of one, a Redis visibility timeout longer than
+every hard time limit, and JSON only. Jobs are routed by the resource they need: `generation`
+(vLLM, I/O), `validation` and `grading` (sandbox CPU).
 """
 
 from __future__ import annotations

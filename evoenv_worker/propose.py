@@ -3,8 +3,9 @@
 The prompt shows a few pool members as complete example files, the contract in brief, and
 asks for one new environment file. Examples are drawn at random, favouring the solver's
 frontier: members the solver solves sometimes but not always. A proposal tends to resemble
-its examples, and admission wants a pass rate strictly between 0 and 1 (CONTRACT.md s3), so
-examples the solver never (or always) solves mostly breed candidates calibration rejects.
+its examples, and admission wants a pass rate strictly between 0 and 1
+(docs/CONTRACT.md#calibration), so examples the solver never (or always) solves mostly breed
+candidates calibration rejects.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""L2 to L5: the admission stages that run the environment, exactly as CONTRACT.md section 3.
+"""L2 to L5: the admission stages that run the environment, as docs/CONTRACT.md#admission-stages.
 
 Each check is a plain function over a `Runner` (something that runs sandbox operations on one
 environment source) and returns a `Check`. The validator chains them; the seeds' contract test
@@ -389,15 +389,15 @@ def check_well_posed(
 ) -> Check:
     """L4, this project's addition: the prompt determines the answer.
 
-    `render` is the complete problem statement (CONTRACT.md s1), so an answer that is right for
-    one instance is right for every instance with the same prompt. A renderer that leaves part
-    of the instance out (a list's first number but not the list) gives the solver a question
-    with no right answer, which only luck passes at calibration; a small reviewer model missed
-    one such file three times out of three. Prompts that leave something out collide most
-    where instances are smallest, so beside the sampled items `well_posed_seeds` more
-    instances are sampled at the min difficulty. For each pair of instances with the same
-    prompt and different answer texts (up to `well_posed_pairs`), the first one's answer text
-    must score 1.0 on the second one's instance and reference."""
+    `render` is the complete problem statement (docs/CONTRACT.md#the-environment-class), so an
+    answer that is right for one instance is right for every instance with the same prompt. A
+    renderer that leaves part of the instance out (a list's first number but not the list) gives
+    the solver a question with no right answer, which only luck passes at calibration; a small
+    reviewer model missed one such file three times out of three. Prompts that leave something
+    out collide most where instances are smallest, so beside the sampled items
+    `well_posed_seeds` more instances are sampled at the min difficulty. For each pair of
+    instances with the same prompt and different answer texts (up to `well_posed_pairs`), the
+    first one's answer text must score 1.0 on the second one's instance and reference."""
     extra: list[Item] = []
     if settings.well_posed_seeds > 0:
         first = max((item.seed for item in items), default=-1) + 1  # beyond L2's seeds

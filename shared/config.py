@@ -34,7 +34,7 @@ class SandboxSettings(BaseModel):
 
 
 class ValidationSettings(BaseModel):
-    """Thresholds of the mechanical admission stages L1-L5 (CONTRACT.md section 3)."""
+    """Thresholds of the mechanical admission stages L1-L5 (docs/CONTRACT.md#admission-stages)."""
 
     max_source_bytes: int = Field(64 * 1024, ge=1)
     """L1: largest environment file, in bytes; the CLI reads at most this plus one byte of one."""
@@ -97,7 +97,7 @@ class ServeSettings(BaseModel):
 
 
 class WorkerSettings(BaseModel):
-    """Celery workers: concurrency, time limits and delivery (DESIGN.md, failure rules)."""
+    """Celery workers: concurrency, time limits and delivery (docs/DESIGN.md#failure-rules)."""
 
     concurrency: int = Field(2, ge=1)
     """Worker processes (or threads, for the generation queue) per worker."""
@@ -141,7 +141,8 @@ class FlowerSettings(BaseModel):
 
 
 class AdmissionSettings(BaseModel):
-    """The model stages of admission and the generator's reward (CONTRACT.md s3, DESIGN.md)."""
+    """The model stages of admission and the generator's reward (docs/CONTRACT.md#admission-stages,
+    docs/DESIGN.md#the-generators-reward)."""
 
     reviews: int = Field(3, ge=1)
     """K: semantic self-reviews per candidate; any reject blocks admission."""

@@ -67,7 +67,7 @@ _SNAKE_CASE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)*$")
 
 
 class Environment:
-    """Base class of every environment (see the contract: CONTRACT.md, section 1).
+    """Base class of every environment (docs/CONTRACT.md#the-environment-class).
 
     Subclasses set the class attributes and implement `sample`, `solve`, `render` and `score`.
     All randomness must come from the `rng` passed to `sample`.

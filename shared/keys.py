@@ -8,7 +8,7 @@ from __future__ import annotations
 
 PREFIX = "evoenv"
 
-# Celery queues, split by the resource a job needs (DESIGN.md).
+# Celery queues, split by the resource a job needs (docs/DESIGN.md#queues-and-message-flow).
 GENERATION_QUEUE = "generation"
 """Completions from vLLM: proposals, solver answers, reviews (I/O bound)."""
 VALIDATION_QUEUE = "validation"

@@ -49,7 +49,7 @@ class StageReport(BaseModel):
 
 
 class ValidationReport(Message):
-    """The report of `evoenv validate` for one file (CONTRACT.md section 3)."""
+    """The report of `evoenv validate` for one file (docs/CONTRACT.md#verdicts-and-exit-codes)."""
 
     file: str
     name: str | None

@@ -1,4 +1,4 @@
-"""The generator's reward (DESIGN.md, "The generator's reward"): pure functions, no I/O.
+"""The generator's reward (docs/DESIGN.md#the-generators-reward): pure functions, no I/O.
 
 | candidate          | reward                                     |
 | ------------------ | ------------------------------------------ |

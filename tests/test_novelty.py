@@ -1,4 +1,5 @@
-"""The novelty stage (CONTRACT.md s3) with the real all-MiniLM-L6-v2, loaded with no network.
+"""The novelty stage (docs/CONTRACT.md#novelty) with the real all-MiniLM-L6-v2, loaded with no
+network.
 
 Prompts come from the sandbox (seed 0, the middle difficulty), as in admission. Near-copies live
 in `tests/corpus/novelty/`: a seed with its class, name, constants, helpers and local variables

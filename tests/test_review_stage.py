@@ -1,4 +1,4 @@
-"""The review stage fails closed: K verdicts must come back (CONTRACT.md section 3, review).
+"""The review stage fails closed: K verdicts must come back (docs/CONTRACT.md#review).
 
 The reviewer is a fake client. Fewer than K completions (a server that returned fewer
 choices than asked, or none) reject the candidate, as a reject or an unreadable verdict does;

@@ -1,4 +1,5 @@
-"""The generator's reward table (DESIGN.md), with Q, B and gamma computed by hand."""
+"""The generator's reward table (docs/DESIGN.md#the-generators-reward), with Q, B and gamma
+computed by hand."""
 
 from __future__ import annotations
 

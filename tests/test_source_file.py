@@ -1,5 +1,5 @@
 """`validate`, `sample` and `pool add` facing paths that are no environment file, through the
-real command line (CONTRACT.md section 3, exit codes).
+real command line (docs/CONTRACT.md#verdicts-and-exit-codes).
 
 A path that cannot be read as a file (a directory, a FIFO, a device, no permission) is one
 line on stderr and exit 2, before any file is judged; a FIFO never blocks. A regular file is

@@ -1,4 +1,4 @@
-"""The validator against a corpus of hand-written environments (CONTRACT.md section 3, L1-L5).
+"""The validator against a corpus of hand-written environments (docs/CONTRACT.md#admission-stages).
 
 `tests/corpus/flawed/` holds one environment per rule the validator enforces, each otherwise
 sound so that it fails only at the intended stage; `tests/corpus/sound/` holds environments

@@ -1,4 +1,5 @@
-"""Every attack of the threat model (SANDBOX.md), run through the real confined sandbox.
+"""Every attack of the threat model (docs/SANDBOX.md#threat-model), run through the real
+confined sandbox.
 
 One environment file per attack in tests/corpus/hostile/. Each attack runs in the routine the
 test calls and reports a perfect score if it ever gets through. For every attack: the call
