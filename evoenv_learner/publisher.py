@@ -129,9 +129,13 @@ class ServerControl:
         response = self._retry("reload", lambda: self._post("/collective_rpc", json=body), attempts)
         self._ok(response, "reload_weights")
 
-    def reset_prefix_cache(self) -> None:
+    def reset_prefix_cache(self, running: bool = False) -> None:
+        """Drop the cached KV blocks; with `running`, also those of the requests in flight
+        (frozen by a keep-mode pause), which are then recomputed under the new weights."""
+        params = {"reset_running_requests": "true"} if running else {}
+
         def step() -> httpx.Response:
-            response = self._post("/reset_prefix_cache")
+            response = self._post("/reset_prefix_cache", params=params)
             if response.status_code == 200 and response.json().get("success") is False:
                 raise _RetryableStep("prefix cache still in use")
             return response
@@ -327,7 +331,7 @@ class ReloadPublisher(_Pusher):
                     for server in self.servers:
                         touched.append(server)
                         server.reload(folder)
-                        server.reset_prefix_cache()
+                        server.reset_prefix_cache(running=self.pause_mode == "keep")
                     self.commit(version)
                 except Exception as exc:
                     self._roll_back(touched, exc)
@@ -423,7 +427,7 @@ class NcclPublisher(_Pusher):
             with self.paused():
                 for server, engine in zip(self.servers, self.engines, strict=True):
                     engine.send_weights()
-                    server.reset_prefix_cache()
+                    server.reset_prefix_cache(running=self.pause_mode == "keep")
                 self.commit(new)
         except Exception as exc:
             log.error("push_failed", version=new, error=str(exc))
@@ -468,7 +472,13 @@ def make_publisher(
             model,
             master_address=master_address,
             master_port=master_port,
+            pause_mode=settings.serve.push_pause,
         )
     return ReloadPublisher(
-        settings.vllm_urls, redis_client, push_dir, current, dtype=push_dtype(settings)
+        settings.vllm_urls,
+        redis_client,
+        push_dir,
+        current,
+        dtype=push_dtype(settings),
+        pause_mode=settings.serve.push_pause,
     )

@@ -87,6 +87,11 @@ class ServeSettings(BaseModel):
     """Seconds to wait for the server to answer /health before giving up."""
     weight_push: Literal["reload", "nccl"] = "reload"
     """How the learner makes new weights live: reload from a safetensors folder, or NCCL (GPU)."""
+    push_pause: Literal["keep", "wait"] = "keep"
+    """How a push pauses the servers: `keep` freezes the requests in flight where they are, swaps
+    the weights and lets them go on under the new ones (their KV cache recomputed; the version
+    spans say which tokens each version sampled, and a completion counts as its oldest); `wait`
+    lets them finish under the old weights first (on a CPU, minutes for a long generator file)."""
 
     @field_validator("extra_args", mode="before")
     @classmethod

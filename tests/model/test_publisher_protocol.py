@@ -158,6 +158,9 @@ def test_serve_weight_push_selects_the_publisher(
     assert reload.publish(model) == 1
     pushed = [b["kwargs"]["weights_path"] for _, p, b in server.hits if p == "/collective_rpc"]
     assert pushed == [str(tmp_path / "push" / "v00000001")]
+    # By default a push keeps the requests in flight and recomputes their cache afterwards.
+    assert "/pause?mode=keep" in server.targets
+    assert "/reset_prefix_cache?reset_running_requests=true" in server.targets
     reload.close()
 
     if not torch.cuda.is_available():  # the real NCCL publisher is chosen, and needs a GPU
