@@ -107,6 +107,10 @@ CPU_SIZES = {
     "EVOENV_LEARNER__EVAL_INSTANCES": "8",
     "EVOENV_LEARNER__PROPOSAL_EXAMPLES": "1",
     "EVOENV_ADMISSION__CALIBRATION_DIFFICULTY": "1",
+    # A proposal of four 1,024-token files outlived the 600 s completion limit on two AVX2
+    # cores (killed and sent again from scratch, so no generator group ever arrived).
+    "EVOENV_WORKER__COMPLETE_TIME_LIMIT": "1800",
+    "EVOENV_WORKER__VISIBILITY_TIMEOUT": "2400",
 }
 """Sizes for a CPU-only machine (two cores train ~40 tokens/s on the default model): without
 them one optimiser step of the reference sizes (4 groups of 8, completions up to 512 tokens,
