@@ -125,7 +125,9 @@ def main() -> None:
     base = next(r for r in rows if r[0] == "fp32")
     tokens = args.groups * args.group_size * (args.prompt_tokens + args.completion_tokens)
     print(f"\nbatch: {args.groups} groups x {args.group_size}, {tokens} tokens a step")
-    print(f"{'way':<22} {'best s':>8} {'median s':>9} {'tokens/s':>9} {'peak GiB':>9} {'vs fp32':>8}")
+    print(
+        f"{'way':<22} {'best s':>8} {'median s':>9} {'tokens/s':>9} {'peak GiB':>9} {'vs fp32':>8}"
+    )
     for label, best, median, peak in rows:
         print(
             f"{label:<22} {best:8.1f} {median:9.1f} {tokens / best:9.0f} {peak:9.1f} "

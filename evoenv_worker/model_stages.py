@@ -87,6 +87,7 @@ def calibration_complete(client: InferenceClient, job: StageJob, settings: Setti
 
     if job.error:
         return job
+
     def answer(index: int, prompt: str) -> Completion:
         sampling = Sampling(
             n=1,
