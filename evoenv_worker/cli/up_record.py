@@ -25,6 +25,8 @@ from pathlib import Path
 import redis
 
 from shared.config import Settings, mask_url
+from shared.errors import ServiceUnavailable
+from shared.redis_client import ping
 
 RECORD_NAME = "up.json"
 PING_SECONDS = 2.0
@@ -100,11 +102,12 @@ def redis_answers(url: str) -> bool:
         url, socket_connect_timeout=PING_SECONDS, socket_timeout=PING_SECONDS
     )
     try:
-        return bool(client.ping())
-    except (redis.RedisError, OSError):
+        ping(client, url)
+    except ServiceUnavailable:
         return False
     finally:
         client.close()
+    return True
 
 
 def live_record(
