@@ -39,7 +39,9 @@ pytestmark = pytest.mark.integration
 
 TIME_LIMIT = 15
 VISIBILITY = 18
-MAX_DELIVERIES = 2
+MAX_DELIVERIES = 3
+"""One above the two deliveries a killed worker's job needs: Redis's at-least-once delivery may
+hand a restored job out once more (seen once in CI), and that must not dead-letter it."""
 SLOW = slow_env(solve_rounds=120_000, score_rounds=45_000_000)
 """Validation takes a second or more (every `solve` spins); grading one "slow" answer ~1-2 s."""
 QUEUES = [keys.GRADING_QUEUE, keys.VALIDATION_QUEUE]
@@ -100,6 +102,15 @@ def _in_their_sandboxes(client: Any, running: dict[str, Any]) -> bool:
     )
 
 
+def _print_deliveries(workers: list[Worker]) -> None:
+    """Each worker's job events (received, ended, lost), for a failure's captured output."""
+    for worker in workers:
+        for event in worker.log_events():
+            text = str(event.get("event", ""))
+            if "received" in text or "succeeded" in text or "raised" in text or "consum" in text:
+                print(worker.node, event.get("timestamp"), text[:160])
+
+
 def rows_for(cluster: Cluster, job_id: str) -> list[tuple[Any, ...]]:
     """The archive's validation reports of one job."""
     return archive_rows(cluster.data_dir, "validation_reports", "WHERE job_id = ?", job_id)
@@ -153,8 +164,10 @@ def test_a_killed_worker_has_its_jobs_run_by_another(
     survivors = [first.node, second.node]
     for queue in QUEUES:
         app.control.cancel_consumer(queue, destination=survivors, reply=True, timeout=5)
+    workers = [first, second]
     try:
         doomed = cluster.start_worker(QUEUES, concurrency=2)
+        workers.append(doomed)
         run = f"node-kill-{uuid.uuid4().hex[:6]}"
         grade, validate = _slow_jobs(run)
         results = [tasks.grade.delay(grade), tasks.validate.delay(validate)]
@@ -179,15 +192,19 @@ def test_a_killed_worker_has_its_jobs_run_by_another(
         graded = results[0].get(timeout=VISIBILITY + 60)
         report = results[1].get(timeout=VISIBILITY + 60)
         waited = time.monotonic() - killed_at
-        assert graded["entry"] and report["verdict"] == "admitted"
+        # A second copy of a redelivered job finds its group on the stream (`duplicate`).
+        assert (graded["entry"] or graded["duplicate"]) and report["verdict"] == "admitted"
         for result in results:
             # The result is written by the worker that ran the job to its end: the survivor,
             # the only worker consuming these queues after the kill.
             assert result.worker == second.node
-            assert int(client.get(keys.attempts(result.id))) == 2
+            assert int(client.get(keys.attempts(result.id))) in (2, 3), "delivered again"
             assert not client.hexists(keys.DEAD_LETTERS, result.id)
         _check_side_effects_once(cluster, client, run, grade, validate)
         assert waited < VISIBILITY + 30
+    except BaseException:
+        _print_deliveries(workers)
+        raise
     finally:
         for queue in QUEUES:
             app.control.add_consumer(queue, destination=survivors, reply=True, timeout=5)
@@ -218,4 +235,4 @@ def test_a_job_delivered_too_often_lands_in_the_dead_letters(
     shown = run_cli("job", job["job_id"], "--json", env=env)
     assert "Traceback" not in shown.stderr, shown.stderr
     assert shown.returncode == 3, (shown.stdout, shown.stderr)
-    assert "dead-lettered after 3 deliveries" in shown.stderr, shown.stderr
+    assert f"dead-lettered after {MAX_DELIVERIES + 1} deliveries" in shown.stderr, shown.stderr
