@@ -45,7 +45,7 @@ def root(
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show info-level log lines."),
 ) -> None:
-    """Settings come from EVOENV_* environment variables (see README)."""
+    """Settings come from EVOENV_* environment variables (see docs/settings.md)."""
     try:
         settings = Settings()
     except ValidationError as exc:
