@@ -50,6 +50,7 @@ from shared.config import Settings
 from shared.db import Archive
 from shared.errors import EvoEnvError, ServiceUnavailable
 from shared.messages import GradedGroup
+from shared.pauses import ServingClock
 from shared.policy import read_version
 
 if TYPE_CHECKING:
@@ -204,6 +205,7 @@ async def run(
         rng=rng,
         expire_group=lambda group_id, why: expire_group(expiring, settings.run, group_id, why),
         funnel=state.funnel,
+        clock=ServingClock(sync_redis),
     )
     state.in_flight = orchestrator.groups_in_flight
     orchestrator.levels.update({str(k): int(v) for k, v in extra.get("levels", {}).items()})

@@ -125,6 +125,10 @@ class Orchestrator:
     round_trained: int = 0
     """Synchronous mode: this round's groups that went to the trainer."""
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    clock: Callable[[], float] = time.monotonic
+    """Seconds for the groups' deadlines; the learner's stands still while the servers are
+    paused (`shared.pauses.ServingClock`), so a push or a step taken in turns never makes a
+    group overdue."""
 
     async def run(self, stop: asyncio.Event) -> None:
         synchronous = self.settings.learner.synchronous
@@ -207,7 +211,7 @@ class Orchestrator:
         patience = (
             self.settings.worker.complete_time_limit + 2 * self.settings.worker.grade_time_limit
         )
-        now = time.monotonic()
+        now = self.clock()
         for group_id, result in list(self.solver_in_flight.items()):
             if now - self._sent_at.get(group_id, now) > patience:
                 # Its job is waiting for redelivery (a worker died): stop counting it as in
@@ -339,7 +343,7 @@ class Orchestrator:
         job = self.solver_job(self._choose())
         result = self.send_chain(job)
         self.solver_in_flight[job.group_id] = result
-        self._sent_at[job.group_id] = time.monotonic()
+        self._sent_at[job.group_id] = self.clock()
         if self.settings.learner.synchronous:
             self.round_pending.add(job.group_id)
         self.pool.record_use(job.env.sha)
@@ -467,7 +471,7 @@ class Orchestrator:
         """Generation groups that cannot arrive, and why: the proposal failed for good, or the
         group is past `learner.generation_deadline` (a job lost, a stage that never ended)."""
         deadline = self.settings.learner.generation_deadline
-        now = time.monotonic()
+        now = self.clock()
         lost = []
         for group_id, result in self.generator_in_flight.items():
             if result is not None and result.ready() and result.failed():
@@ -516,7 +520,7 @@ class Orchestrator:
             max_tokens=g.generator_max_tokens,
         )
         self.generator_in_flight[job.group_id] = self.send_proposal(job)
-        self._sent_at[job.group_id] = time.monotonic()
+        self._sent_at[job.group_id] = self.clock()
         self.sent["generator"] += 1
         log.info(
             "generation_group_sent",

@@ -39,7 +39,7 @@ import structlog
 import torch
 
 from evoenv_learner.checkpoints import disk_full_as_error, require_space, tensor_bytes
-from shared import policy
+from shared import pauses, policy
 from shared.config import Settings
 from shared.errors import EvoEnvError, ServiceUnavailable
 from shared.hardware import cpu_flags, serving_dtype
@@ -230,6 +230,7 @@ class _Pusher:
     def paused(self) -> Iterator[None]:
         """Pause every server for the block; resume every one that was paused, whatever happens."""
         paused: list[ServerControl] = []
+        pauses.began(self.redis)
         try:
             for server in self.servers:
                 server.pause(self.pause_mode)
@@ -243,6 +244,7 @@ class _Pusher:
                 except EvoEnvError as exc:
                     failures.append(str(exc))
                     log.error("resume_failed", server=server.url, error=str(exc))
+            pauses.ended(self.redis)
             if failures:
                 raise ServiceUnavailable("could not resume: " + "; ".join(failures))
 
@@ -252,6 +254,7 @@ class _Pusher:
         `release`. A server that cannot be paused is logged and left generating: the step
         only runs slower."""
         held = []
+        pauses.began(self.redis)
         for server in self.servers:
             try:
                 server.pause("keep")
@@ -259,6 +262,8 @@ class _Pusher:
                 log.warning("hold_failed", server=server.url, error=str(exc))
                 continue
             held.append(server.url)
+        if not held:
+            pauses.ended(self.redis)
         return held
 
     def release(self, held: list[str]) -> None:
@@ -270,6 +275,8 @@ class _Pusher:
                     server.resume()
                 except EvoEnvError as exc:
                     log.error("resume_failed", server=server.url, error=str(exc))
+        if held:
+            pauses.ended(self.redis)
 
     def commit(self, version: int) -> None:
         """Label every server with `version`, then publish it in Redis."""

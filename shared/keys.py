@@ -20,6 +20,10 @@ QUEUES = (GENERATION_QUEUE, VALIDATION_QUEUE, GRADING_QUEUE)
 POLICY_VERSION = f"{PREFIX}:policy_version"
 """The learner's monotonic policy version (an integer string)."""
 
+PAUSED_SECONDS = f"{PREFIX}:paused_seconds"
+"""Seconds the model servers spent paused in pauses that ended (`shared.pauses`)."""
+PAUSED_SINCE = f"{PREFIX}:paused_since"
+"""When the pause in progress began (epoch seconds); absent while the servers generate."""
 DEAD_LETTERS = f"{PREFIX}:dead_letters"
 """Hash: task id -> JSON record of a job that failed past its retry/redelivery limit."""
 LAST_ERRORS = f"{PREFIX}:last_errors"

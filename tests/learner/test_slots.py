@@ -6,10 +6,12 @@ failed, or lost (overdue). And staleness checked again at the step that would us
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from structlog.testing import capture_logs
 
 from evoenv_learner import orchestrator as orchestrator_module
@@ -17,6 +19,7 @@ from evoenv_learner.consumer import Dropped
 from evoenv_learner.loop import LearnerState, settle_dropped, settle_read, split_stale
 from evoenv_learner.orchestrator import Orchestrator
 from evoenv_learner.pool import PoolEntry
+from shared import pauses
 from shared.config import Settings
 from shared.messages import GradedCompletion, GradedGroup, ProposalJob
 
@@ -238,3 +241,37 @@ def test_synchronous_mode_replaces_groups_dropped_at_the_step() -> None:
     o.round_trained = 2
     o.dropped_at_step(1)
     assert o.round_trained == 1 and o._wake.is_set()
+
+
+# ------------------------------------------------------------ paused servers stop the clock
+
+
+def test_the_serving_clock_stands_still_while_the_servers_are_paused(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    clock = pauses.ServingClock(client)
+    start = clock()
+    pauses.began(client)
+    time.sleep(0.3)
+    assert pauses.paused_seconds(client) >= 0.3, "the pause in progress counts"
+    assert clock() - start < 0.1
+    pauses.began(client)  # a nested pause keeps the first one's start
+    pauses.ended(client)
+    pauses.ended(client)  # ending twice adds nothing
+    paused = pauses.paused_seconds(client)
+    assert 0.3 <= paused < 0.5
+    time.sleep(0.2)
+    assert 0.15 <= clock() - start < 0.35, "and runs again after it"
+    assert pauses.paused_seconds(client) == paused
+
+
+def test_a_generation_group_does_not_expire_while_the_servers_are_paused(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    o, sent, expired = orchestrator({"generation_deadline": 0.1})
+    o.clock = pauses.ServingClock(client)
+    sending(o, sent, Result())  # the group never arrives
+    pauses.began(client)
+    asyncio.run(run_for(o, 0.5))
+    assert (len(sent), expired) == (1, []), "five deadlines paused, and not expired"
+    pauses.ended(client)
+    asyncio.run(run_for(o, 0.5))
+    assert expired and expired[0][0] == sent[0]
