@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from evoenv_worker.admission import KEEP_SECONDS, admission_stats, embedding_of, generation_key
-from evoenv_worker.novelty import EnvEmbedding, group_novelty
+from evoenv_worker.novelty import EnvEmbedding, group_novelty, similarity
 from shared import keys
-from shared.config import Settings
+from shared.config import AdmissionSettings, Settings
 from shared.db import source_sha
 from shared.groups import GroupTracker
 from shared.inference import Sampling
@@ -29,12 +29,11 @@ from shared.messages import (
     ValidateJob,
     ValidationReport,
 )
-from shared.rewards import generator_reward, mean_pairwise_similarity
+from shared.rewards import RepetitionTracker, generator_reward, mean_pairwise_similarity
 from shared.rollouts import append_group
 
 if TYPE_CHECKING:
     from evoenv_worker.context import WorkerContext
-    from shared.config import AdmissionSettings
 
 log = structlog.get_logger(__name__)
 
@@ -310,11 +309,10 @@ def expire_group(ctx: WorkerContext, run: str, group_id: str, reason: str) -> bo
     return True
 
 
-def _gamma(client: Any, run: str, embeddings: list[Any], settings: Settings) -> float:
-    """gamma from the mean in-group similarity of the last few generation groups."""
-    from evoenv_worker.novelty import similarity
-    from shared.rewards import gamma_for
-
+def _gamma(client: Any, run: str, embeddings: list[EnvEmbedding], settings: Settings) -> float:
+    """gamma from the repetitiveness of the last `repetition_window` generation groups, this one
+    included (`RepetitionTracker`). The window's per-group means live in Redis, newest first,
+    so that workers finalising groups at the same time each add theirs and read all of them."""
     a = settings.admission
     matrix = [[similarity(x, y, a.novelty_prompt_weight) for y in embeddings] for x in embeddings]
     mean = mean_pairwise_similarity(matrix)
@@ -322,8 +320,8 @@ def _gamma(client: Any, run: str, embeddings: list[Any], settings: Settings) -> 
     if mean is not None:
         client.lpush(key, mean)
         client.ltrim(key, 0, a.repetition_window - 1)
-    values = [float(v) for v in client.lrange(key, 0, -1)]
-    return gamma_for(sum(values) / len(values) if values else None, a)
+    newest_first = [float(v) for v in client.lrange(key, 0, -1)]
+    return RepetitionTracker(a.repetition_window, reversed(newest_first)).gamma(a)
 
 
 def _rejected_at_novelty(report: ValidationReport, why: str, s: float | None) -> ValidationReport:
