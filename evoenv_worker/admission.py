@@ -10,10 +10,12 @@ report is stored, an ad-hoc `pool add` is admitted, and a generated candidate fi
 member of the generation group. All three model stages always run, even after one rejects,
 because the generator's reward needs calibration and novelty.
 
-The generation group (`finalize_group`, run by whoever completes it) compares candidates with
-the earlier ones of the group in candidate order, computes gamma and every reward, records
-each candidate in the archive (admitted or rejected, with its parents) and appends the group
-to the rollout stream as a generator-role group.
+Admission never finalises a generation group itself: the functions that conclude a candidate
+say which group it completed (`Concluded.completed`, a `CompletedGroup`), and the task that
+ran them calls `generation.finalize_group`, which compares candidates with the earlier ones of
+the group in candidate order, computes gamma and every reward, records each candidate in the
+archive (admitted or rejected, with its parents) and appends the group to the rollout stream
+as a generator-role group. So `generation` uses `admission`, never the other way round.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -59,19 +62,38 @@ def run_of(job: ValidateJob, settings: Settings) -> str:
     return job.candidate.run if job.candidate else settings.run
 
 
+@dataclass(frozen=True, slots=True)
+class CompletedGroup:
+    """A generation group whose last candidate was just concluded: the caller finalises it
+    (`generation.finalize_group`)."""
+
+    run: str
+    group_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Concluded:
+    """A concluded candidate: its final report and the generation group it completed."""
+
+    report: ValidationReport
+    """The final report as stored (without embeddings)."""
+    completed: CompletedGroup | None = None
+    """The generation group this candidate was the last of (None: none, or not generated)."""
+
+
 # ------------------------------------------------------------------------------ starting
 
 
 def after_mechanical(
     ctx: WorkerContext, job: ValidateJob, report: ValidationReport
-) -> StageJob | None:
-    """What follows L1-L5: the model stages (returns their job), or the conclusion."""
+) -> StageJob | Concluded:
+    """What follows L1-L5: the model stages (returns their job to send), or the conclusion
+    (the generation group it completed, if any, is the caller's to finalise)."""
     if job.model_stages and report.verdict == "admitted":
         stage_job = begin(ctx, job, report)
         if stage_job is not None:
             return stage_job
-    conclude(ctx, job, report)
-    return None
+    return conclude_job(ctx, job, report)
 
 
 def begin(ctx: WorkerContext, job: ValidateJob, report: ValidationReport) -> StageJob | None:
@@ -126,14 +148,16 @@ def stage_job_for(ctx: WorkerContext, job: ValidateJob) -> StageJob | None:
 # ------------------------------------------------------------------------------ finishing
 
 
-def finish_stage(ctx: WorkerContext, job: StageJob, report: StageReport) -> None:
-    """Record one model stage; the call that completes the candidate finalises it."""
+def finish_stage(ctx: WorkerContext, job: StageJob, report: StageReport) -> CompletedGroup | None:
+    """Record one model stage; the call that completes the candidate finalises it. Returns the
+    generation group that completed with it (the caller finalises that), if any."""
     tracker = GroupTracker(ctx.redis(), job.run)
     if tracker.finish(candidate_key(job.job_id), report.stage, report.model_dump(mode="json")):
-        finalize_candidate(ctx, job.run, job.job_id)
+        return finalize_candidate(ctx, job.run, job.job_id).completed
+    return None
 
 
-def finalize_candidate(ctx: WorkerContext, run: str, job_id: str) -> ValidationReport:
+def finalize_candidate(ctx: WorkerContext, run: str, job_id: str) -> Concluded:
     """All stages of one candidate are done: the full report, then what follows from it."""
     client = ctx.redis()
     raw = client.get(keys.candidate(run, job_id))
@@ -152,7 +176,7 @@ def finalize_candidate(ctx: WorkerContext, run: str, job_id: str) -> ValidationR
         else:
             stages.append(StageReport.model_validate(result))
     report = combine(mechanical, stages[len(mechanical.stages) :])
-    return conclude(ctx, job, report)
+    return conclude_job(ctx, job, report)
 
 
 def combine(mechanical: ValidationReport, model: list[StageReport]) -> ValidationReport:
@@ -211,8 +235,14 @@ def run_locally(
     return combine(mechanical, reports)
 
 
+def conclude_job(ctx: WorkerContext, job: ValidateJob, report: ValidationReport) -> Concluded:
+    """The end of a job's admission: `conclude`, then a generated candidate joins its group."""
+    return Concluded(conclude(ctx, job, report), join_group(ctx, job, report))
+
+
 def conclude(ctx: WorkerContext, job: ValidateJob, report: ValidationReport) -> ValidationReport:
-    """Store the final report; admit a `pool add`; hand a generated candidate to its group."""
+    """Store the final report; admit a `pool add`. A generated candidate's generation group is
+    not touched here: the admission flow goes through `conclude_job`."""
     client, archive = ctx.redis(), ctx.archive()
     sha = source_sha(job.source)
     public = report.model_copy(update={"stages": [_without_embedding(s) for s in report.stages]})
@@ -225,14 +255,27 @@ def conclude(ctx: WorkerContext, job: ValidateJob, report: ValidationReport) -> 
             sha, status="admitted", stats=admission_stats(report), embedding=embedding_of(report)
         )
         log.info("env_admitted", env=report.name, env_sha=sha, origin="user")
-    if job.candidate is not None:
-        member = {"report": report.model_dump(mode="json"), "sha": sha, "source": job.source}
-        tracker = GroupTracker(client, job.candidate.run)
-        if tracker.finish(generation_key(job.candidate.group_id), str(job.candidate.index), member):
-            from evoenv_worker.generation import finalize_group
-
-            finalize_group(ctx, job.candidate.run, job.candidate.group_id)
     return public
+
+
+def join_group(
+    ctx: WorkerContext, job: ValidateJob, report: ValidationReport
+) -> CompletedGroup | None:
+    """A generated candidate finishes its member of its generation group (the full report,
+    embeddings included); returns the group if this was its last member (None: others still
+    run, or the candidate is not generated)."""
+    ref = job.candidate
+    if ref is None:
+        return None
+    member = {
+        "report": report.model_dump(mode="json"),
+        "sha": source_sha(job.source),
+        "source": job.source,
+    }
+    tracker = GroupTracker(ctx.redis(), ref.run)
+    if tracker.finish(generation_key(ref.group_id), str(ref.index), member):
+        return CompletedGroup(ref.run, ref.group_id)
+    return None
 
 
 def _without_embedding(stage: StageReport) -> StageReport:
@@ -275,14 +318,17 @@ STAGE_OF_TASK = {
 }
 
 
-def job_failed(ctx: WorkerContext, task: str, payload: dict[str, Any], error: str) -> None:
+def job_failed(
+    ctx: WorkerContext, task: str, payload: dict[str, Any], error: str
+) -> CompletedGroup | None:
     """A job of the admission flow failed for good (infrastructure): its stage is recorded as
-    not run, so the candidate and its group still complete (the report says `error`)."""
+    not run, so the candidate and its group still complete (the report says `error`). Returns
+    the generation group that completed with it (the caller finalises that), if any."""
     if task in STAGE_OF_TASK:
         try:
             job = StageJob.model_validate(payload)
         except ValueError:
-            return
+            return None
         report = StageReport(
             stage=STAGE_OF_TASK[task],
             ok=False,
@@ -290,12 +336,12 @@ def job_failed(ctx: WorkerContext, task: str, payload: dict[str, Any], error: st
             detail=f"the stage could not run: {error}",
             data={"error": True},
         )
-        finish_stage(ctx, job, report)
-    elif task == "evoenv.validate":
+        return finish_stage(ctx, job, report)
+    if task == "evoenv.validate":
         try:
             job_v = ValidateJob.model_validate(payload)
         except ValueError:
-            return
+            return None
         report_v = ValidationReport(
             file=job_v.file,
             name=None,
@@ -304,4 +350,5 @@ def job_failed(ctx: WorkerContext, task: str, payload: dict[str, Any], error: st
             stages=[],
             error=f"the check could not run: {error}",
         )
-        conclude(ctx, job_v, report_v)
+        return conclude_job(ctx, job_v, report_v).completed
+    return None

@@ -9,13 +9,15 @@ it reaches the stream later, and its candidates' archive records say it expired;
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from evoenv_worker.admission import KEEP_SECONDS, admission_stats, embedding_of, generation_key
+from evoenv_worker.novelty import EnvEmbedding, group_novelty, similarity
 from shared import keys
-from shared.config import Settings
+from shared.config import AdmissionSettings, Settings
 from shared.db import source_sha
 from shared.groups import GroupTracker
 from shared.inference import Sampling
@@ -27,7 +29,7 @@ from shared.messages import (
     ValidateJob,
     ValidationReport,
 )
-from shared.rewards import generator_reward, mean_pairwise_similarity
+from shared.rewards import RepetitionTracker, generator_reward, mean_pairwise_similarity
 from shared.rollouts import append_group
 
 if TYPE_CHECKING:
@@ -96,94 +98,163 @@ def open_group(
     GroupTracker(client, run).open(generation_key(group_id), [str(i) for i in range(size)])
 
 
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One candidate of a generation group, as its group judged it."""
+
+    position: str
+    """Its index in the group (candidate order), as the group's record names it."""
+    member: dict[str, Any]
+    """What its admission left in the group's record: the full report, sha and source."""
+    report: ValidationReport | None
+    """Its full report (None: its admission left none)."""
+    failed: str | None
+    """The funnel outcome: the first stage it failed, "error", "expired", or None (admitted)."""
+    embedding: EnvEmbedding | None = None
+    known: str | None = None
+    """The status of the archive's row of this very file, when that row is not a candidate's."""
+    similarity: float | None = None
+    """The novelty figure of its reward: max(pool, in-group); None if novelty produced none."""
+    pass_rate: float | None = None
+
+
 def finalize_group(ctx: WorkerContext, run: str, group_id: str) -> GradedGroup:
     """Every candidate of a generation group is done: in-group novelty in candidate order,
     gamma, the rewards, the archive, and one generator group on the rollout stream."""
-    from evoenv_worker.novelty import EnvEmbedding, similarity
-
     settings, client = ctx.settings, ctx.redis()
-    a = settings.admission
     meta = json.loads(client.get(keys.candidate(run, generation_key(group_id))) or "{}")
     members = GroupTracker(client, run).results(generation_key(group_id))
     ordered = sorted(members.items(), key=lambda item: int(item[0]))
-    earlier: list[tuple[str, EnvEmbedding]] = []
-    rows: list[dict[str, Any]] = []
-    for position, member in ordered:
-        report = (
-            ValidationReport.model_validate(member["report"])
-            if member and "report" in member
-            else None
+    reports = [_report_of(member) for _, member in ordered]
+    embeddings = [
+        EnvEmbedding.from_json(embedding_of(r)) if r is not None else None for r in reports
+    ]
+    in_group = _in_group_novelty([p for p, _ in ordered], embeddings, settings.admission)
+    rows = [
+        _judge(ctx, group_id, position, member, report, embedding, near)
+        for (position, member), report, embedding, near in zip(
+            ordered, reports, embeddings, in_group, strict=True
         )
-        stages = {s.stage: s for s in report.stages} if report else {}
-        embedding = EnvEmbedding.from_json(embedding_of(report)) if report else None
-        in_group, nearest = 0.0, None  # nearest: the earlier candidate (its index) most like it
-        if embedding is not None:
-            for other, e in earlier:
-                score = similarity(embedding, e, a.novelty_prompt_weight)
-                if nearest is None or score > in_group:
-                    in_group, nearest = score, other
-            earlier.append((position, embedding))
-        pool_similarity = stages["novelty"].data.get("similarity") if "novelty" in stages else None
-        s = None if pool_similarity is None else max(float(pool_similarity), in_group)
-        failed = report.failed_stage if report else "error"
-        if report is not None and report.verdict == "error":
-            failed = "error"  # the check could not run: no reward either way
-        why = ""
-        if failed is None and s is not None and s >= a.novelty_gate:
-            failed = "novelty"
-            why = (
-                f"max similarity {in_group:.3f} to candidate {nearest} of its generation group, "
-                f"earlier in candidate order (at or above the gate {a.novelty_gate})"
-            )
-        known = _known_status(ctx, member)
-        if known is not None and s is not None:  # the very file of a known environment
-            s = 1.0
-            if failed is None:
-                failed, why = "novelty", f"the file is a known environment ({known}): nothing new"
-        if why and report is not None:  # its report said admitted: say what the group decided
-            ctx.archive().amend_validation(
-                f"{group_id}-{position}", _rejected_at_novelty(report, why, s)
-            )
-        rate = stages["calibration"].data.get("pass_rate") if "calibration" in stages else None
-        rows.append(
-            {
-                "member": member or {},
-                "report": report,
-                "failed": failed,
-                "similarity": s,
-                "pass_rate": rate,
-                "embedding": embedding,
-                "known": known,
-            }
-        )
-    gamma = _gamma(
-        client, run, [r["embedding"] for r in rows if r["embedding"] is not None], settings
+    ]
+    gamma = _gamma(client, run, [r.embedding for r in rows if r.embedding is not None], settings)
+    default = [{"text": ""}] * len(rows)
+    completions = [
+        _graded(ctx, row, meta, meta.get("completions", default)[index], gamma)
+        for index, row in enumerate(rows)
+    ]
+    group = _generator_group(run, group_id, meta, rows, completions, gamma)
+    append_group(client, group)
+    log.info(
+        "generation_group_done",
+        group_id=group_id,
+        funnel=group.data["funnel"],
+        rewards=[c.reward for c in completions],
     )
-    completions: list[GradedCompletion] = []
-    for index, row in enumerate(rows):
-        completion = meta.get("completions", [{"text": ""}] * len(rows))[index]
-        if row["failed"] == "error":
-            completions.append(
-                GradedCompletion(
-                    **completion,
-                    reward=None,
-                    outcome="env_error",
-                    detail="the admission check could not run",
-                )
-            )
-            continue
-        parts = generator_reward(row["failed"], row["pass_rate"], row["similarity"], gamma, a)
-        _record_candidate(ctx, row, meta, parts.model_dump())
-        completions.append(
-            GradedCompletion(
-                **completion,
-                reward=parts.total,
-                outcome="scored",
-                detail=row["failed"] or "admitted",
-            )
+    return group
+
+
+def _report_of(member: dict[str, Any] | None) -> ValidationReport | None:
+    """The full report a candidate's admission left in its group's record, if any."""
+    if member and "report" in member:
+        return ValidationReport.model_validate(member["report"])
+    return None
+
+
+def _in_group_novelty(
+    positions: list[str], embeddings: list[EnvEmbedding | None], a: AdmissionSettings
+) -> list[tuple[float, str | None]]:
+    """Each candidate's maximum similarity to an earlier one of its group (candidate order,
+    `novelty.group_novelty`) and that one's position: (0.0, None) when it has no embedding or
+    nothing earlier to compare with (candidates without one are skipped)."""
+    present = [(p, e) for p, e in zip(positions, embeddings, strict=True) if e is not None]
+    results = group_novelty([e for _, e in present], (), a.novelty_gate, a.novelty_prompt_weight)
+    nearest = {
+        position: (result.similarity, None if result.index is None else present[result.index][0])
+        for (position, _), result in zip(present, results, strict=True)
+    }
+    return [nearest.get(position, (0.0, None)) for position in positions]
+
+
+def _judge(
+    ctx: WorkerContext,
+    group_id: str,
+    position: str,
+    member: dict[str, Any] | None,
+    report: ValidationReport | None,
+    embedding: EnvEmbedding | None,
+    in_group: tuple[float, str | None],
+) -> Candidate:
+    """What the group decides of one candidate: its funnel outcome and reward figures. A
+    candidate whose report said admitted but that the group rejects at novelty (too like an
+    earlier one, or the very file of a known environment) has its stored report amended."""
+    a = ctx.settings.admission
+    similarity_in_group, nearest = in_group
+    stages = {s.stage: s for s in report.stages} if report else {}
+    pool_similarity = stages["novelty"].data.get("similarity") if "novelty" in stages else None
+    s = None if pool_similarity is None else max(float(pool_similarity), similarity_in_group)
+    failed = report.failed_stage if report else "error"
+    if report is not None and report.verdict == "error":
+        failed = "error"  # the check could not run: no reward either way
+    why = ""
+    if failed is None and s is not None and s >= a.novelty_gate:
+        failed = "novelty"
+        why = (
+            f"max similarity {similarity_in_group:.3f} to candidate {nearest} of its generation"
+            f" group, earlier in candidate order (at or above the gate {a.novelty_gate})"
         )
+    known = _known_status(ctx, member)
+    if known is not None and s is not None:  # the very file of a known environment
+        s = 1.0
+        if failed is None:
+            failed, why = "novelty", f"the file is a known environment ({known}): nothing new"
+    if why and report is not None:  # its report said admitted: say what the group decided
+        ctx.archive().amend_validation(
+            f"{group_id}-{position}", _rejected_at_novelty(report, why, s)
+        )
+    rate = stages["calibration"].data.get("pass_rate") if "calibration" in stages else None
+    return Candidate(
+        position, member or {}, report, failed, embedding, known, similarity=s, pass_rate=rate
+    )
+
+
+def _graded(
+    ctx: WorkerContext,
+    row: Candidate,
+    meta: dict[str, Any],
+    completion: dict[str, Any],
+    gamma: float,
+) -> GradedCompletion:
+    """One candidate's completion with its reward (none if its check could not run); a
+    scored candidate is recorded in the archive, its reward's parts with it."""
+    if row.failed == "error":
+        return GradedCompletion(
+            **completion,
+            reward=None,
+            outcome="env_error",
+            detail="the admission check could not run",
+        )
+    a = ctx.settings.admission
+    parts = generator_reward(row.failed, row.pass_rate, row.similarity, gamma, a)
+    _record_candidate(ctx, row, meta, parts.model_dump())
+    return GradedCompletion(
+        **completion,
+        reward=parts.total,
+        outcome="scored",
+        detail=row.failed or "admitted",
+    )
+
+
+def _generator_group(
+    run: str,
+    group_id: str,
+    meta: dict[str, Any],
+    rows: list[Candidate],
+    completions: list[GradedCompletion],
+    gamma: float,
+) -> GradedGroup:
+    """The generation group as the rollout stream carries it (generator role)."""
     versions = [c.policy_version for c in completions]
-    group = GradedGroup(
+    return GradedGroup(
         run=run,
         group_id=group_id,
         role="generator",
@@ -195,19 +266,11 @@ def finalize_group(ctx: WorkerContext, run: str, group_id: str) -> GradedGroup:
         policy_version=min(versions, default=0),
         completions=completions,
         data={
-            "funnel": [r["failed"] or "admitted" for r in rows],
+            "funnel": [r.failed or "admitted" for r in rows],
             "gamma": gamma,
             "parents": meta.get("parents", []),
         },
     )
-    append_group(client, group)
-    log.info(
-        "generation_group_done",
-        group_id=group_id,
-        funnel=group.data["funnel"],
-        rewards=[c.reward for c in completions],
-    )
-    return group
 
 
 def expire_group(ctx: WorkerContext, run: str, group_id: str, reason: str) -> bool:
@@ -228,13 +291,8 @@ def expire_group(ctx: WorkerContext, run: str, group_id: str, reason: str) -> bo
     for position, member in sorted(members.items(), key=lambda item: int(item[0])):
         job_id = f"{group_id}-{position}"
         if member is not None and "report" in member:
-            row = {
-                "member": member,
-                "report": ValidationReport.model_validate(member["report"]),
-                "failed": "expired",
-                "embedding": None,
-                "known": _known_status(ctx, member),
-            }
+            report = ValidationReport.model_validate(member["report"])
+            row = Candidate(position, member, report, "expired", known=_known_status(ctx, member))
             _record_candidate(ctx, row, meta, None, expired=why)
             continue
         completion = meta.get("completions", [])[int(position)]
@@ -251,11 +309,10 @@ def expire_group(ctx: WorkerContext, run: str, group_id: str, reason: str) -> bo
     return True
 
 
-def _gamma(client: Any, run: str, embeddings: list[Any], settings: Settings) -> float:
-    """gamma from the mean in-group similarity of the last few generation groups."""
-    from evoenv_worker.novelty import similarity
-    from shared.rewards import gamma_for
-
+def _gamma(client: Any, run: str, embeddings: list[EnvEmbedding], settings: Settings) -> float:
+    """gamma from the repetitiveness of the last `repetition_window` generation groups, this one
+    included (`RepetitionTracker`). The window's per-group means live in Redis, newest first,
+    so that workers finalising groups at the same time each add theirs and read all of them."""
     a = settings.admission
     matrix = [[similarity(x, y, a.novelty_prompt_weight) for y in embeddings] for x in embeddings]
     mean = mean_pairwise_similarity(matrix)
@@ -263,8 +320,8 @@ def _gamma(client: Any, run: str, embeddings: list[Any], settings: Settings) -> 
     if mean is not None:
         client.lpush(key, mean)
         client.ltrim(key, 0, a.repetition_window - 1)
-    values = [float(v) for v in client.lrange(key, 0, -1)]
-    return gamma_for(sum(values) / len(values) if values else None, a)
+    newest_first = [float(v) for v in client.lrange(key, 0, -1)]
+    return RepetitionTracker(a.repetition_window, reversed(newest_first)).gamma(a)
 
 
 def _rejected_at_novelty(report: ValidationReport, why: str, s: float | None) -> ValidationReport:
@@ -292,39 +349,39 @@ def _known_status(ctx: WorkerContext, member: dict[str, Any] | None) -> str | No
 
 def _record_candidate(
     ctx: WorkerContext,
-    row: dict[str, Any],
+    row: Candidate,
     meta: dict[str, Any],
     reward: dict[str, Any] | None,
     expired: str = "",
 ) -> None:
     """The candidate in the archive: admitted only if every stage passed, with its lineage
     (`expired`: why its group expired, kept in its stats)."""
-    report: ValidationReport | None = row["report"]
-    sha = row["member"].get("sha")
+    report = row.report
+    sha = row.member.get("sha")
     if report is None or not sha or not report.name:
         return
-    if row["known"] is not None:  # that row is not this candidate's to judge
-        log.info("candidate_is_known", env=report.name, env_sha=sha, status=row["known"])
+    if row.known is not None:  # that row is not this candidate's to judge
+        log.info("candidate_is_known", env=report.name, env_sha=sha, status=row.known)
         return
     archive = ctx.archive()
-    source = str(row["member"].get("source") or "")
+    source = str(row.member.get("source") or "")
     archive.add_environment(
         report.name, source, status="candidate", origin="generated", parents=meta.get("parents", [])
     )
     clash = archive.by_name(report.name)
-    admitted = row["failed"] is None and (clash is None or clash.sha == sha)
-    stats = {**admission_stats(report), "reward": reward, "funnel": row["failed"] or "admitted"}
+    admitted = row.failed is None and (clash is None or clash.sha == sha)
+    stats = {**admission_stats(report), "reward": reward, "funnel": row.failed or "admitted"}
     if expired:
         stats["expired"] = expired
     if admitted:
         stats.setdefault("admitted_at", stats["judged_at"])
     else:
         stats.pop("admitted_at", None)
-    if row["failed"] is None and not admitted:
+    if row.failed is None and not admitted:
         stats["funnel"] = "name clash"
     archive.update_environment(
         sha,
         status="admitted" if admitted else "rejected",
         stats=stats,
-        embedding=row["embedding"].to_json() if row["embedding"] else None,
+        embedding=row.embedding.to_json() if row.embedding else None,
     )

@@ -9,7 +9,7 @@ that does not decode is rejected with its reason, never retried, and never kills
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 import structlog
@@ -29,6 +29,10 @@ from shared.messages import (
     StageJob,
     ValidateJob,
 )
+
+if TYPE_CHECKING:
+    from evoenv_worker.admission import CompletedGroup
+    from evoenv_worker.context import WorkerContext
 
 log = structlog.get_logger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -102,7 +106,8 @@ class JobTask(Task):  # type: ignore[misc]
         if args and isinstance(args[0], dict):
             from evoenv_worker.admission import job_failed
 
-            job_failed(context.current(), self.name, args[0], error)
+            ctx = context.current()
+            finalize_completed(ctx, job_failed(ctx, self.name, args[0], error))
 
     def _dead_letter(self, task_id: str, attempts: int, error: str, args: Any) -> None:
         payload = args[0] if args and isinstance(args[0], dict) else {"args": repr(args)[:2000]}
@@ -123,10 +128,21 @@ def validate(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
     job = self.decode(ValidateJob, payload)
     ctx = context.current()
     report = validate_job(ctx, job)
-    stage_job = after_mechanical(ctx, job, report)
-    if stage_job is not None:
-        send_model_stages(stage_job)
+    after = after_mechanical(ctx, job, report)
+    if isinstance(after, StageJob):
+        send_model_stages(after)
+    else:
+        finalize_completed(ctx, after.completed)
     return report.model_dump(mode="json")
+
+
+def finalize_completed(ctx: WorkerContext, group: CompletedGroup | None) -> None:
+    """Finalise the generation group that a job's candidate completed (admission says which;
+    `generation.finalize_group` does it): every path that concludes a candidate ends here."""
+    if group is not None:
+        from evoenv_worker.generation import finalize_group
+
+        finalize_group(ctx, group.run, group.group_id)
 
 
 def send_model_stages(job: StageJob) -> None:
@@ -215,7 +231,7 @@ def review(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
     job = self.decode(StageJob, payload)
     ctx = context.current()
     report = review_stage(ctx.reviewer(), job, ctx.settings)
-    finish_stage(ctx, job, report)
+    finalize_completed(ctx, finish_stage(ctx, job, report))
     return report.model_dump(mode="json")
 
 
@@ -247,7 +263,7 @@ def calibrate_grade(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
     job = self.decode(StageJob, payload)
     ctx = context.current()
     report = calibration_stage(ctx.sandbox(), job, ctx.settings)
-    finish_stage(ctx, job, report)
+    finalize_completed(ctx, finish_stage(ctx, job, report))
     return report.model_dump(mode="json")
 
 
@@ -260,5 +276,5 @@ def novelty(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
     job = self.decode(StageJob, payload)
     ctx = context.current()
     report = novelty_stage(ctx, job)
-    finish_stage(ctx, job, report)
+    finalize_completed(ctx, finish_stage(ctx, job, report))
     return report.model_dump(mode="json")

@@ -175,10 +175,12 @@ class RepetitionTracker:
 
     @property
     def repetitiveness(self) -> float | None:
-        """The mean over the window; None before the first group."""
+        """The mean over the window; None before the first group. Summed newest first, the
+        order the workers' window (a Redis list) has always been summed in: the last bit of a
+        float sum depends on the order, and gamma and the rewards with it."""
         if not self._values:
             return None
-        return sum(self._values) / len(self._values)
+        return sum(reversed(self._values)) / len(self._values)
 
     def gamma(self, settings: AdmissionSettings) -> float:
         """gamma for the current repetitiveness (the low end before the first group)."""

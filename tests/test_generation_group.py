@@ -4,6 +4,7 @@ stages would have (no model); the embeddings are made-up unit vectors."""
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 from typing import Any
@@ -11,14 +12,23 @@ from typing import Any
 import pytest
 
 from evoenv_learner.pool import seed_pool
-from evoenv_worker.admission import generation_key
+from evoenv_worker import admission, tasks
+from evoenv_worker.admission import CompletedGroup, after_mechanical, generation_key, job_failed
 from evoenv_worker.context import WorkerContext
 from evoenv_worker.generation import expire_group, finalize_group, open_group, propose
 from evoenv_worker.novelty import DIMENSION, RECIPE
 from shared.config import Settings
 from shared.db import source_sha
 from shared.groups import GroupTracker
-from shared.messages import MECHANICAL_STAGES, ProposalJob, StageReport, ValidationReport
+from shared.messages import (
+    MECHANICAL_STAGES,
+    CandidateRef,
+    CompletionRecord,
+    ProposalJob,
+    StageReport,
+    ValidateJob,
+    ValidationReport,
+)
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
 RUN = "gen-test"
@@ -202,3 +212,51 @@ def test_the_proposal_of_an_expired_group_samples_and_sends_nothing(ctx: WorkerC
     assert expire_group(ctx, RUN, "g4", "not in the stream 60 s after it was sent") is True
     ctx._inference = NoModel()  # type: ignore[assignment]
     assert propose(ctx, job) == []
+
+
+def candidate_job(group_id: str, index: int, source: str) -> ValidateJob:
+    completion = CompletionRecord(text=f"```python\n{source}```")
+    ref = CandidateRef(run=RUN, group_id=group_id, index=index, prompt="p", completion=completion)
+    return ValidateJob(
+        job_id=f"{group_id}-{index}",
+        file=f"candidate_{group_id}_{index}.py",
+        source=source,
+        adhoc=False,
+        model_stages=True,
+        candidate=ref,
+    )
+
+
+def test_admission_says_which_group_completed_and_the_task_layer_finalises_it(
+    ctx: WorkerContext,
+) -> None:
+    """Candidate 0 fails L1 (concluded after L1-L5); candidate 1's validation job fails for
+    good. Admission finalises nothing: the last one's path returns its group, and the task
+    layer's `finalize_completed` puts it on the stream."""
+    sources = ["class A: pass\n", "class B: pass\n"]
+    meta = {"prompt": "p", "parents": [], "completions": [{"text": s} for s in sources]}
+    open_group(ctx, RUN, "g5", 2, meta)
+    l1 = StageReport(stage="L1", ok=False, seconds=0.0, detail="no")
+    failed = ValidationReport(
+        file="a.py", name="a_thing", verdict="rejected", failed_stage="L1", stages=[l1]
+    )
+    first = after_mechanical(ctx, candidate_job("g5", 0, sources[0]), failed)
+    assert isinstance(first, admission.Concluded) and first.completed is None
+    assert first.report.verdict == "rejected"
+    payload = candidate_job("g5", 1, sources[1]).model_dump(mode="json")
+
+    completed = job_failed(ctx, "evoenv.validate", payload, "boom")
+
+    assert completed == CompletedGroup(RUN, "g5")
+    assert ctx.redis().xlen(f"evoenv:{RUN}:rollouts") == 0  # not finalised by admission
+    tasks.finalize_completed(ctx, completed)
+    assert ctx.redis().xlen(f"evoenv:{RUN}:rollouts") == 1
+    assert job_failed(ctx, "evoenv.review", {"not": "a stage job"}, "boom") is None
+
+
+def test_admission_never_imports_generation() -> None:
+    """One way through admission: `generation` uses `admission`, never the other way round."""
+    tree = ast.parse(Path(admission.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in imported if m and m.startswith("evoenv_worker.generation")}

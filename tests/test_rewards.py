@@ -78,6 +78,12 @@ def test_repetition_tracker_means_over_the_window() -> None:
     assert RepetitionTracker(2, tracker.values).repetitiveness == pytest.approx(0.7)
 
 
+def test_repetitiveness_sums_the_window_newest_first() -> None:
+    """The order the workers' window has always been summed in (its last bit decides gamma's)."""
+    assert (0.1 + 0.2) + 0.3 != (0.3 + 0.2) + 0.1
+    assert RepetitionTracker(3, [0.1, 0.2, 0.3]).repetitiveness == ((0.3 + 0.2) + 0.1) / 3
+
+
 def test_group_rewards_match_the_table() -> None:
     tracker = RepetitionTracker(S.repetition_window, [0.4, 0.6])
     gamma = tracker.gamma(S)
