@@ -14,8 +14,9 @@ and not counted, so each figure is the pause itself. Three modes, `--pushes` eac
 - `keep, no reset`: the same without resetting the prefix cache (the frozen requests go on with
   KV computed under the old weights, and new requests may reuse stale cached blocks).
 
-Prints a table (median, p95, max seconds; completions that ended during each mode, and how many
-of them were aborted instead of finishing) and, last, `push-summary: full_wait_p95=X
+Prints a table (median, p95, max seconds; completions that ended during each mode, how many of
+them were aborted instead of finishing, and their tokens per second of the mode's run) and,
+last, `push-summary: full_wait_p95=X
 full_keep_pause_p95=X`.
 """
 
@@ -115,7 +116,7 @@ def main() -> None:
     redis_proc, redis_url = private_redis(work, append_only=False)
     with (work / "vllm.log").open("ab") as log_file:
         server = start_server(settings, folder, output=log_file)
-    rows: list[tuple[str, list[float], int, int]] = []
+    rows: list[tuple[str, list[float], int, int, float]] = []
     try:
         weights = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
         pushed = write_weights(weights, work / "pushed", dtype)
@@ -129,6 +130,8 @@ def main() -> None:
                 if not reset:
                     control.reset_prefix_cache = lambda running=False: None  # type: ignore[method-assign]
             seconds = []
+            load.take()
+            window = time.monotonic()
             for _ in range(args.pushes):
                 time.sleep(args.gap)
                 version = publisher.next_version(None)
@@ -139,7 +142,8 @@ def main() -> None:
             time.sleep(args.gap)
             ended = load.take()
             aborted = sum(1 for c in ended if c.finish_reason == "abort")
-            rows.append((name, seconds, len(ended), aborted))
+            rate = sum(len(c.token_ids) for c in ended) / (time.monotonic() - window)
+            rows.append((name, seconds, len(ended), aborted, rate))
         load.stop()
         publisher.close()
     finally:
@@ -152,11 +156,14 @@ def main() -> None:
         f"\n{settings.model} on vLLM ({'GPU' if gpu else 'CPU'}, {dtype}),"
         f" {args.in_flight} completions of up to {args.max_tokens} tokens in flight"
     )
-    print(f"  {'mode':<15} {'median s':>9} {'p95 s':>7} {'max s':>7} {'ended':>6} {'aborted':>8}")
-    for name, seconds, ended, aborted in rows:
+    print(
+        f"  {'mode':<15} {'median s':>9} {'p95 s':>7} {'max s':>7} {'ended':>6} {'aborted':>8}"
+        f" {'tokens/s':>9}"
+    )
+    for name, seconds, ended, aborted, rate in rows:
         print(
             f"  {name:<15} {statistics.median(seconds):9.2f} {p95(seconds):7.2f}"
-            f" {max(seconds):7.2f} {ended:6d} {aborted:8d}"
+            f" {max(seconds):7.2f} {ended:6d} {aborted:8d} {rate:9.1f}"
         )
     wait_p95, keep_p95 = p95(rows[0][1]), p95(rows[1][1])
     print(f"  ratio keep / wait (p95): {keep_p95 / wait_p95:.2f}")
