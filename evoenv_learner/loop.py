@@ -29,7 +29,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,18 +108,23 @@ def _terminals() -> list[int]:
     return [fd for fd in (1, 2) if os.isatty(fd)]
 
 
-async def watch_terminal(hung_up: Callable[[], None]) -> None:
+def watch_terminal(hung_up: Callable[[], None]) -> Coroutine[Any, Any, None]:
     """Call `hung_up` if the terminal on the standard output or error goes away, then return;
     until then, one check a second, until cancelled. A hung-up terminal is no tty any more, and
     a closed terminal does not always signal us: under `ssh -t host make run` the SIGHUP goes
     to the session's leader, make, which dies and leaves `evoenv up` running on a dead
-    terminal."""
+    terminal. The terminals watched are those of the call, not of the coroutine's first run:
+    one that goes away in between still counts."""
     terminals = _terminals()
-    while terminals:
-        if _terminals() != terminals:
-            hung_up()
-            return
-        await asyncio.sleep(1.0)
+
+    async def watch() -> None:
+        while terminals:
+            if _terminals() != terminals:
+                hung_up()
+                return
+            await asyncio.sleep(1.0)
+
+    return watch()
 
 
 async def run(
