@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from evoenv_cli.training import _held_out_table
 from evoenv_learner.evaluate import evaluate, per_environment, summarise, wilson
 from evoenv_learner.pool import PoolEntry
 from evoenv_worker import tasks
-from evoenv_worker.cli.training import _held_out_table
 from shared.environment import EVAL_SEEDS
 from shared.messages import ConstantBaseline
 

@@ -24,7 +24,7 @@ TASK = "chain_sum"
 def evoenv(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """The `evoenv` entry point of this interpreter, in a real subprocess."""
     return subprocess.run(
-        [sys.executable, "-c", "from evoenv_worker.cli import main; main()", *args],
+        [sys.executable, "-c", "from evoenv_cli import main; main()", *args],
         capture_output=True,
         text=True,
         timeout=300,

@@ -1,8 +1,8 @@
 """`evoenv model prepare|list` and `evoenv serve`: the policy's weights and its vLLM server.
 
-To register (in evoenv_worker/cli/__init__.py, beside `envs.register(app)`):
+To register (in evoenv_cli/__init__.py, beside `envs.register(app)`):
 
-    from evoenv_worker.cli import model as model_cli
+    from evoenv_cli import model as model_cli
     model_cli.register(app)
 
 (`register` does `app.add_typer(model_cli.app, name="model")` and

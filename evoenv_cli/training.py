@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from evoenv_worker.cli.envs import out
+from evoenv_cli.envs import out
 from shared.config import Settings
 
 
@@ -28,8 +28,8 @@ def learner(
     steps: int | None = typer.Option(None, "--steps", help="Stop after this many optimiser steps."),
 ) -> None:
     """Run the learner (orchestrator, trainer, weight pushes) until stopped or --steps."""
+    from evoenv_cli.envs import EXIT_ERROR, err
     from evoenv_learner.loop import run_process
-    from evoenv_worker.cli.envs import EXIT_ERROR, err
     from shared.errors import EvoEnvError
 
     settings: Settings = ctx.obj
@@ -129,11 +129,11 @@ def evaluate(
         return
     if task:
         raise UsageError("--task applies only to --suite reasoning-gym")
+    from evoenv_cli.cluster import redis_of_running_up
     from evoenv_learner.evaluate import evaluate as run_eval
     from evoenv_learner.orchestrator import Orchestrator
     from evoenv_learner.pool import Pool, seed_pool
     from evoenv_worker.app import configure
-    from evoenv_worker.cli.cluster import redis_of_running_up
     from shared.db import Archive
 
     settings = redis_of_running_up(ctx.obj)
@@ -163,7 +163,7 @@ def evaluate(
         )
     )
     if not result["instances"]:
-        from evoenv_worker.cli.envs import EXIT_ERROR, err
+        from evoenv_cli.envs import EXIT_ERROR, err
 
         err.print(
             "error: no instance was graded: every job failed (is the model server at "
@@ -220,8 +220,8 @@ def _evaluate_reasoning_gym(
     """`evoenv eval --suite reasoning-gym`: a progress bar on stderr, then the table or JSON."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    from evoenv_cli.envs import EXIT_ERROR, err
     from evoenv_learner.external_eval import DEFAULT_TASKS, check_tasks, evaluate_suite
-    from evoenv_worker.cli.envs import EXIT_ERROR, err
     from shared.errors import ServiceUnavailable
     from shared.inference import InferenceError
 
@@ -277,8 +277,8 @@ def _suite_table(result: dict[str, Any]) -> Table:
 def _require_workers(settings: Settings, app: object) -> None:
     """Exit with one line when no worker consumes a queue the evaluation's jobs need (they
     would wait forever)."""
-    from evoenv_worker.cli.cluster import redis_or_exit, unconsumed
-    from evoenv_worker.cli.envs import EXIT_ERROR, err
+    from evoenv_cli.cluster import redis_or_exit, unconsumed
+    from evoenv_cli.envs import EXIT_ERROR, err
     from shared import keys
 
     redis_or_exit(settings).close()

@@ -26,10 +26,10 @@ from typing import Any, NoReturn
 import typer
 from rich.live import Live
 
-from evoenv_learner.supervisor import Child, Supervisor
-from evoenv_worker.cli.envs import EXIT_ERROR, err, out
-from evoenv_worker.cli.up_display import Display, progress_lines
-from evoenv_worker.cli.up_record import remove_record, write_record
+from evoenv_cli.envs import EXIT_ERROR, err, out
+from evoenv_cli.supervisor import Child, Supervisor
+from evoenv_cli.up_display import Display, progress_lines
+from evoenv_cli.up_record import remove_record, write_record
 from shared import keys
 from shared.config import Settings
 from shared.errors import EvoEnvError
@@ -162,7 +162,7 @@ def _train_on(cores: frozenset[int]) -> None:
 
 
 def _evoenv(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from evoenv_worker.cli import main; main()", *args]
+    return [sys.executable, "-c", "from evoenv_cli import main; main()", *args]
 
 
 def _say(line: str) -> None:
@@ -378,7 +378,7 @@ def _interrupt() -> NoReturn:
 
 def _report(settings: Settings) -> Path:
     try:
-        from evoenv_learner.report import write_report
+        from evoenv_cli.run_report import write_report
         from shared.db import Archive
     except ImportError:
         return settings.run_dir
