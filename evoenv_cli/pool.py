@@ -163,7 +163,7 @@ def add(
     blobs = [(path, read_source(path, limit)) for path in files]
     archive = _archive(settings)
     for path, data in blobs:
-        from evoenv_worker.static import check_static
+        from shared.static import check_static
 
         static = check_static(data, limit)
         clash = archive.by_name(static.name) if static.name else None

@@ -59,11 +59,11 @@ import structlog
 
 from evoenv_learner.difficulty import DifficultySearch, SearchResult
 from evoenv_learner.pool import Pool, PoolEntry, draw
-from evoenv_worker.propose import TOPICS, Example, choose_examples, proposal_messages
-from evoenv_worker.static import check_static
 from shared.config import Settings
 from shared.environment import TRAIN_SEEDS
 from shared.messages import ProposalJob, SolverJob
+from shared.proposal_prompt import TOPICS, Example, choose_examples, proposal_messages
+from shared.static import check_static
 
 log = structlog.get_logger(__name__)
 
