@@ -91,8 +91,8 @@ from benchkit import private_redis, start_process  # noqa: E402
 
 from evoenv_cli.supervisor import descendants  # noqa: E402
 from evoenv_learner.orchestrator import SEND_POLL_SECONDS  # noqa: E402
-from evoenv_worker.models import prepare_model  # noqa: E402
-from evoenv_worker.serve import VllmServer, start_server  # noqa: E402
+from evoenv_model.models import prepare_model  # noqa: E402
+from evoenv_model.serve import VllmServer, start_server  # noqa: E402
 from shared.config import LearnerSettings, ServeSettings, Settings  # noqa: E402
 from shared.db import Archive  # noqa: E402
 from shared.logging import configure_logging  # noqa: E402

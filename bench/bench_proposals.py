@@ -21,11 +21,11 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+from evoenv_model.models import prepare_model
+from evoenv_model.serve import start_server
 from evoenv_worker.generate import make_client
-from evoenv_worker.models import prepare_model
 from evoenv_worker.propose import extract_code, prompt_text
 from evoenv_worker.sandbox.host import Sandbox
-from evoenv_worker.serve import start_server
 from evoenv_worker.validate import validate_source
 from shared.config import Settings
 from shared.inference import Sampling

@@ -47,7 +47,7 @@ def up(
     """Run everything on this machine: Redis, vLLM, workers, Flower and the learner."""
     started = time.monotonic()
     settings: Settings = ctx.obj
-    from evoenv_worker.serve import dtype_choice, on_gpu
+    from evoenv_model.serve import dtype_choice, on_gpu
 
     applied = apply_cpu_sizes()
     if applied:

@@ -150,10 +150,10 @@ async def run(
     from evoenv_learner.checkpoints import latest_checkpoint
     from evoenv_learner.publisher import PushFailed, make_publisher
     from evoenv_learner.trainer import StepInterrupted, Trainer
+    from evoenv_model.models import prepare_model
     from evoenv_worker.app import configure
     from evoenv_worker.context import WorkerContext
     from evoenv_worker.generation import expire_group
-    from evoenv_worker.models import prepare_model
     from shared.redis_client import connect
 
     configure(settings)
@@ -553,7 +553,7 @@ def export(settings: Settings, folder: Path) -> Path:
     """The policy of the run's last checkpoint as a Hugging Face folder."""
     from evoenv_learner.checkpoints import latest_checkpoint
     from evoenv_learner.trainer import Trainer
-    from evoenv_worker.models import prepare_model
+    from evoenv_model.models import prepare_model
     from shared.errors import UsageError
 
     latest = latest_checkpoint(settings.run_dir / "checkpoints")

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from evoenv_worker.serve import VllmServer
+from evoenv_model.serve import VllmServer
 from shared.config import Settings
 
 

@@ -17,7 +17,7 @@ import redis
 from model.fake_vllm import FakeServer
 from structlog.testing import capture_logs
 
-import evoenv_worker.models
+import evoenv_model.models
 from evoenv_learner import loop
 from evoenv_learner.loop import LearnerState
 from shared.config import Settings
@@ -75,7 +75,7 @@ def test_a_group_that_aged_while_queued_is_dropped_at_the_step_and_generation_go
     server = FakeServer()
     for path in PUSH_PATHS:
         server.routes[("POST", path)] = (200, {"success": True})
-    monkeypatch.setattr(evoenv_worker.models, "prepare_model", lambda settings: model_dir)
+    monkeypatch.setattr(evoenv_model.models, "prepare_model", lambda settings: model_dir)
     settings = Settings(
         redis_url=redis_url,
         vllm_urls=[server.url],

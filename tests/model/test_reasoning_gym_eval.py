@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from fake_vllm import FakeServer
 
-from evoenv_worker.models import TEST_MODEL
-from evoenv_worker.serve import VllmServer
+from evoenv_model.models import TEST_MODEL
+from evoenv_model.serve import VllmServer
 from shared.environment import ANSWER_INSTRUCTION
 
 REPO = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ from conftest import CACHE
 from fake_vllm import free_port
 
 from evoenv_cli.supervisor import descendants
-from evoenv_worker.models import TEST_MODEL
+from evoenv_model.models import TEST_MODEL
 
 pytestmark = pytest.mark.slow
 
