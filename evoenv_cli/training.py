@@ -29,6 +29,7 @@ def learner(
 ) -> None:
     """Run the learner (orchestrator, trainer, weight pushes) until stopped or --steps."""
     from evoenv_cli.envs import EXIT_ERROR, err
+    from evoenv_cli.expiry import group_expiry
     from evoenv_learner.loop import run_process
     from shared.errors import EvoEnvError
 
@@ -38,7 +39,7 @@ def learner(
             update={"learner": settings.learner.model_copy(update={"steps": steps})}
         )
     try:
-        state = run_process(settings, resume=resume)
+        state = run_process(settings, resume=resume, expire_groups=group_expiry)
     except EvoEnvError as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(EXIT_ERROR) from exc
@@ -130,6 +131,7 @@ def evaluate(
     if task:
         raise UsageError("--task applies only to --suite reasoning-gym")
     from evoenv_cli.cluster import redis_of_running_up
+    from evoenv_learner import jobs
     from evoenv_learner.evaluate import evaluate as run_eval
     from evoenv_learner.orchestrator import Orchestrator
     from evoenv_learner.pool import Pool, seed_pool
@@ -138,6 +140,7 @@ def evaluate(
 
     settings = redis_of_running_up(ctx.obj)
     _require_workers(settings, configure(settings))
+    jobs.configure(settings)  # the orchestrator sends the evaluation's jobs through it
     archive = Archive(settings.archive_url)
     seed_pool(archive, settings.seeds_dir)
     pool = Pool(archive, settings.pool)

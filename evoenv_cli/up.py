@@ -188,6 +188,7 @@ async def _run_up(settings: Settings, supervisor: Supervisor, display: Display) 
     then stop every child and write the report; the final step, version and report path."""
     import httpx
 
+    from evoenv_cli.expiry import group_expiry
     from evoenv_learner.loop import run
     from shared.logging import add_log_file
 
@@ -340,6 +341,7 @@ async def _run_up(settings: Settings, supervisor: Supervisor, display: Display) 
                     on_step=on_step,
                     on_start=display.learner_started,
                     republish=republish,
+                    expire_groups=group_expiry,
                 )
             finally:
                 stop.set()
