@@ -89,16 +89,16 @@ sys.path.insert(0, str(REPO))
 
 from benchkit import private_redis, start_process  # noqa: E402
 
+from evoenv_cli.supervisor import descendants  # noqa: E402
 from evoenv_learner.orchestrator import SEND_POLL_SECONDS  # noqa: E402
-from evoenv_learner.supervisor import descendants  # noqa: E402
-from evoenv_worker.models import prepare_model  # noqa: E402
-from evoenv_worker.serve import VllmServer, start_server  # noqa: E402
+from evoenv_model.models import prepare_model  # noqa: E402
+from evoenv_model.serve import VllmServer, start_server  # noqa: E402
 from shared.config import LearnerSettings, ServeSettings, Settings  # noqa: E402
 from shared.db import Archive  # noqa: E402
 from shared.logging import configure_logging  # noqa: E402
 from shared.ports import free_port  # noqa: E402
 
-CLI = [sys.executable, "-c", "from evoenv_worker.cli import main; main()", "-v"]
+CLI = [sys.executable, "-c", "from evoenv_cli import main; main()", "-v"]
 TARGET = 0.67
 """Async wall time per step at most this share of the synchronous loop's (own hardware)."""
 TASK_LINE = re.compile(

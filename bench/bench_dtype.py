@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from evoenv_learner.trainer import Trainer  # noqa: E402
-from evoenv_worker.models import DEFAULT_MODEL, prepare_model  # noqa: E402
+from evoenv_model.models import DEFAULT_MODEL, prepare_model  # noqa: E402
 from shared.config import GrpoSettings, Settings  # noqa: E402
 from shared.hardware import cpu_flags, cpu_model_name, native_bf16  # noqa: E402
 from shared.messages import GradedCompletion, GradedGroup  # noqa: E402

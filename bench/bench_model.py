@@ -37,8 +37,8 @@ from benchkit import private_redis  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from evoenv_learner.publisher import ReloadPublisher, write_weights  # noqa: E402
-from evoenv_worker.models import prepare_model  # noqa: E402
-from evoenv_worker.serve import VllmServer, start_server  # noqa: E402
+from evoenv_model.models import prepare_model  # noqa: E402
+from evoenv_model.serve import VllmServer, start_server  # noqa: E402
 from shared.config import Settings  # noqa: E402
 from shared.inference import AsyncInferenceClient, Sampling  # noqa: E402
 from shared.logging import configure_logging  # noqa: E402

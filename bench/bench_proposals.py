@@ -21,23 +21,17 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+from evoenv_model.models import prepare_model
+from evoenv_model.serve import start_server
 from evoenv_worker.generate import make_client
-from evoenv_worker.models import prepare_model
-from evoenv_worker.propose import (
-    TOPICS,
-    Example,
-    choose_examples,
-    extract_code,
-    prompt_text,
-    proposal_messages,
-)
+from evoenv_worker.propose import extract_code, prompt_text
 from evoenv_worker.sandbox.host import Sandbox
-from evoenv_worker.serve import start_server
-from evoenv_worker.static import check_static
 from evoenv_worker.validate import validate_source
 from shared.config import Settings
 from shared.inference import Sampling
 from shared.ports import free_port
+from shared.proposal_prompt import TOPICS, Example, choose_examples, proposal_messages
+from shared.static import check_static
 
 STAGES = ("L1", "L2", "L3", "L4", "L5", "passed")
 REPO = Path(__file__).resolve().parents[1]
@@ -77,7 +71,7 @@ def main() -> None:
         "--no-topics",
         dest="topics",
         action="store_false",
-        help="ask for any new task instead of one drawn from propose.TOPICS",
+        help="ask for any new task instead of one drawn from proposal_prompt.TOPICS",
     )
     parser.add_argument("--url", default=None, help="a running server (default: start one)")
     args = parser.parse_args()

@@ -42,8 +42,8 @@ from benchkit import private_redis  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from evoenv_learner.publisher import ReloadPublisher, write_weights  # noqa: E402
-from evoenv_worker.models import prepare_model  # noqa: E402
-from evoenv_worker.serve import start_server  # noqa: E402
+from evoenv_model.models import prepare_model  # noqa: E402
+from evoenv_model.serve import start_server  # noqa: E402
 from shared.config import Settings  # noqa: E402
 from shared.hardware import cpu_flags, serving_dtype  # noqa: E402
 from shared.inference import AsyncInferenceClient, Completion, Sampling  # noqa: E402

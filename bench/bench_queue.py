@@ -48,7 +48,7 @@ from shared.logging import configure_logging  # noqa: E402
 from shared.messages import CompletionRecord, EnvRef, SolverJob  # noqa: E402
 from shared.ports import free_port  # noqa: E402
 
-CLI = [sys.executable, "-c", "from evoenv_worker.cli import main; main()"]
+CLI = [sys.executable, "-c", "from evoenv_cli import main; main()"]
 
 
 def kill_tree(proc: subprocess.Popen[bytes]) -> None:

@@ -56,7 +56,7 @@ import torch  # noqa: E402
 from benchkit import load_environment  # noqa: E402
 
 from evoenv_learner.trainer import Trainer, TrainSequence  # noqa: E402
-from evoenv_worker.models import TEST_MODEL, prepare_model  # noqa: E402
+from evoenv_model.models import TEST_MODEL, prepare_model  # noqa: E402
 from shared.config import GrpoSettings, Settings  # noqa: E402
 from shared.environment import (  # noqa: E402
     ANSWER_CAP,

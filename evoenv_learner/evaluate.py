@@ -116,7 +116,7 @@ async def with_baselines(
 ) -> dict[str, Any]:
     """{NAME: {"best_constant", "records"}} of every environment with counted instances (module
     doc): one `constant_baseline` job each, all in flight together."""
-    from evoenv_worker import tasks
+    from evoenv_learner.jobs import send as send_job
 
     first_jobs: dict[str, tuple[PoolEntry, SolverJob]] = {}
     for entry, job in jobs:
@@ -131,9 +131,7 @@ async def with_baselines(
             difficulty=job.difficulty,
             answers=[r["answer"] for r in records[name] if r["answer"] is not None],
         )
-        sent.append(
-            tasks.constant_baseline.apply_async(args=[constant_job.model_dump(mode="json")])
-        )
+        sent.append(send_job("evoenv.constant_baseline", constant_job.model_dump(mode="json")))
     out: dict[str, dict[str, Any]] = {}
     for name, result in zip(names, await chain_results(sent, stop), strict=True):
         found = (

@@ -29,7 +29,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,9 +54,19 @@ from shared.pauses import ServingClock
 from shared.policy import read_version
 
 if TYPE_CHECKING:
+    import redis
+
     from evoenv_learner.publisher import WeightPublisher
 
 log = structlog.get_logger(__name__)
+
+GroupExpiry = Callable[[Settings, "redis.Redis", Archive], Callable[[str, str], bool]]
+"""Given the learner's settings, Redis client and archive: the orchestrator's `expire_group`,
+which finalises a generation group the learner stops waiting for as expired (its record
+closed, so nothing of it reaches the stream later; its candidates' archive records saying so)
+and says whether it did (False: it completed first). The finalising is the workers' code
+(`generation.expire_group`), run in the learner's process so that a group expires at its
+deadline even when no worker is running; the command passes it (`evoenv_cli/expiry.py`)."""
 
 
 @dataclass
@@ -109,18 +119,23 @@ def _terminals() -> list[int]:
     return [fd for fd in (1, 2) if os.isatty(fd)]
 
 
-async def watch_terminal(hung_up: Callable[[], None]) -> None:
+def watch_terminal(hung_up: Callable[[], None]) -> Coroutine[Any, Any, None]:
     """Call `hung_up` if the terminal on the standard output or error goes away, then return;
     until then, one check a second, until cancelled. A hung-up terminal is no tty any more, and
     a closed terminal does not always signal us: under `ssh -t host make run` the SIGHUP goes
     to the session's leader, make, which dies and leaves `evoenv up` running on a dead
-    terminal."""
+    terminal. The terminals watched are those of the call, not of the coroutine's first run:
+    one that goes away in between still counts."""
     terminals = _terminals()
-    while terminals:
-        if _terminals() != terminals:
-            hung_up()
-            return
-        await asyncio.sleep(1.0)
+
+    async def watch() -> None:
+        while terminals:
+            if _terminals() != terminals:
+                hung_up()
+                return
+            await asyncio.sleep(1.0)
+
+    return watch()
 
 
 async def run(
@@ -131,6 +146,7 @@ async def run(
     on_start: Callable[[LearnerState], None] | None = None,
     republish: asyncio.Event | None = None,
     parallel: DataParallel | None = None,
+    expire_groups: GroupExpiry | None = None,
 ) -> LearnerState:
     """Run the learner until `learner.steps` steps are done (0: until stopped).
 
@@ -142,17 +158,18 @@ async def run(
     again) pushes the current weights as a new version as soon as no step is running.
 
     With `parallel` (rank 0 of a torchrun group, see `distributed.py`), the other ranks train
-    beside this one: they get the model folder here and the steps through the trainer."""
+    beside this one: they get the model folder here and the steps through the trainer.
+
+    `expire_groups` gives the orchestrator its `expire_group` (see `GroupExpiry`); without it
+    a generation group past its deadline only frees its slot."""
+    from evoenv_learner import jobs
     from evoenv_learner.checkpoints import latest_checkpoint
     from evoenv_learner.publisher import PushFailed, make_publisher
     from evoenv_learner.trainer import StepInterrupted, Trainer
-    from evoenv_worker.app import configure
-    from evoenv_worker.context import WorkerContext
-    from evoenv_worker.generation import expire_group
-    from evoenv_worker.models import prepare_model
+    from evoenv_model.models import prepare_model
     from shared.redis_client import connect
 
-    configure(settings)
+    jobs.configure(settings)
     run_dir = settings.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     archive = Archive(settings.archive_url)
@@ -197,13 +214,12 @@ async def run(
     consumer = RolloutConsumer(client, settings.run, "learner", settings.learner.max_staleness)
     await consumer.start(list(extra.get("unacked", [])))
     rng = random.Random(extra.get("orchestrator_seed", time.time_ns()))
-    expiring = WorkerContext(settings, _redis=sync_redis, _archive=archive)
     orchestrator = Orchestrator(
         settings,
         pool,
         consumer.backlog,
         rng=rng,
-        expire_group=lambda group_id, why: expire_group(expiring, settings.run, group_id, why),
+        expire_group=expire_groups(settings, sync_redis, archive) if expire_groups else None,
         funnel=state.funnel,
         clock=ServingClock(sync_redis),
     )
@@ -417,17 +433,19 @@ async def taking_turns(publisher: WeightPublisher, enabled: bool) -> AsyncIterat
         await asyncio.to_thread(publisher.release, held)
 
 
-def run_process(settings: Settings, *, resume: bool = False) -> LearnerState | None:
+def run_process(
+    settings: Settings, *, resume: bool = False, expire_groups: GroupExpiry | None = None
+) -> LearnerState | None:
     """This process's part of the learner: all of it in one process, or, when started by
     torchrun on several devices, rank 0's (all of it, its steps shared) or a follower's (None
-    is returned when rank 0 says stop)."""
+    is returned when rank 0 says stop). `expire_groups`: as for `run`."""
     from evoenv_learner.distributed import follow
 
     parallel = DataParallel.from_env()
     if parallel is not None and not parallel.leader:
         follow(settings, parallel)
         return None
-    return asyncio.run(run(settings, resume=resume, parallel=parallel))
+    return asyncio.run(run(settings, resume=resume, parallel=parallel, expire_groups=expire_groups))
 
 
 async def settle_read(
@@ -550,7 +568,7 @@ def export(settings: Settings, folder: Path) -> Path:
     """The policy of the run's last checkpoint as a Hugging Face folder."""
     from evoenv_learner.checkpoints import latest_checkpoint
     from evoenv_learner.trainer import Trainer
-    from evoenv_worker.models import prepare_model
+    from evoenv_model.models import prepare_model
     from shared.errors import UsageError
 
     latest = latest_checkpoint(settings.run_dir / "checkpoints")

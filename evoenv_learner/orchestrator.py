@@ -59,11 +59,11 @@ import structlog
 
 from evoenv_learner.difficulty import DifficultySearch, SearchResult
 from evoenv_learner.pool import Pool, PoolEntry, draw
-from evoenv_worker.propose import TOPICS, Example, choose_examples, proposal_messages
-from evoenv_worker.static import check_static
 from shared.config import Settings
 from shared.environment import TRAIN_SEEDS
 from shared.messages import ProposalJob, SolverJob
+from shared.proposal_prompt import TOPICS, Example, choose_examples, proposal_messages
+from shared.static import check_static
 
 log = structlog.get_logger(__name__)
 
@@ -103,8 +103,9 @@ class Orchestrator:
     generator_in_flight: dict[str, Any] = field(default_factory=dict)
     """Generation groups sent and not yet read: each one's `propose` AsyncResult."""
     expire_group: Callable[[str, str], bool] | None = None
-    """Finalise a generation group as expired, given why (`generation.expire_group`); False
-    when it completed first. None: only its slot is freed (tests)."""
+    """Finalise a generation group as expired, given why (`generation.expire_group`, handed in
+    by the command: `loop.GroupExpiry`); False when it completed first. None: only its slot is
+    freed (tests, and `python -m evoenv_learner`)."""
     funnel: dict[str, int] = field(default_factory=dict)
     """Admission outcomes counted per candidate (the learner's funnel, shared with it)."""
     ceilings: dict[str, int] = field(default_factory=dict)
@@ -332,12 +333,10 @@ class Orchestrator:
 
     def send_chain(self, job: SolverJob) -> Any:
         """Send `job` down the chain sample -> complete -> grade; the chain's AsyncResult."""
-        from celery import chain
-
-        from evoenv_worker import tasks
+        from evoenv_learner import jobs
 
         payload = job.model_dump(mode="json")
-        return chain(tasks.sample.s(payload), tasks.complete.s(), tasks.grade.s()).apply_async()
+        return jobs.send_chain(("evoenv.sample", "evoenv.complete", "evoenv.grade"), payload)
 
     def _send_solver(self) -> None:
         job = self.solver_job(self._choose())
@@ -497,9 +496,9 @@ class Orchestrator:
 
     def send_proposal(self, job: ProposalJob) -> Any:
         """Send `job` to `propose`; its AsyncResult."""
-        from evoenv_worker import tasks
+        from evoenv_learner import jobs
 
-        return tasks.propose.apply_async(args=[job.model_dump(mode="json")])
+        return jobs.send("evoenv.propose", job.model_dump(mode="json"))
 
     def _send_generator(self) -> None:
         members = self.pool.members

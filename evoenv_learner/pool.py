@@ -52,11 +52,11 @@ from typing import Any
 import structlog
 from sqlmodel import select
 
-from evoenv_worker.static import check_static
 from shared.config import PoolSettings
 from shared.db import Archive, EnvironmentRow, utcnow
 from shared.errors import PoolEmpty, UsageError
 from shared.messages import EnvRef
+from shared.static import check_static
 
 log = structlog.get_logger(__name__)
 

@@ -1,3 +1,3 @@
-"""EvoEnv workers: the Celery app and tasks, the sandbox, validation, grading and the CLI."""
+"""EvoEnv workers: the Celery app and tasks, the sandbox, validation, admission and grading."""
 
 __version__ = "0.1.0"

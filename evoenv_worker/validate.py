@@ -22,10 +22,10 @@ import structlog
 from evoenv_worker import stages
 from evoenv_worker.context import WorkerContext
 from evoenv_worker.sandbox.host import OpResult, Sandbox
-from evoenv_worker.static import check_static
 from shared.config import Settings
 from shared.errors import EnvironmentOutputError, SandboxFailure, SandboxUnavailable
 from shared.messages import Stage, StageReport, Trigger, ValidateJob, ValidationReport, Verdict
+from shared.static import check_static
 
 log = structlog.get_logger(__name__)
 

@@ -9,8 +9,8 @@ written for every instance, passes most of them, and that share:
 - feasibility oracle: any text may satisfy many instances, so the candidates are the distinct
   reference texts and the distinct answers the policy gave, the `MAX_CANDIDATES` most frequent.
 
-The candidates' rewards come from the environment's own scorer, in the sandbox (see
-`evoenv_worker.grade.constant_baseline`); this module only picks and is pure. A pass is a reward
+The candidates' rewards come from the environment's own scorer, in the sandbox (the workers'
+`constant_baseline` job); this module only picks and is pure. A pass is a reward
 of exactly 1.0, as the held-out evaluation counts it. The *non-modal* instances are those the
 best constant does not pass.
 """

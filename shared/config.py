@@ -307,7 +307,7 @@ class LearnerSettings(BaseModel):
     proposal_examples: int = Field(2, ge=1)
     """Pool members shown as complete example files in each proposal prompt."""
     proposal_topics: bool = True
-    """Name a task drawn from `propose.TOPICS` in each proposal prompt (False: any new task)."""
+    """Name a task drawn from `proposal_prompt.TOPICS` in each proposal prompt (False: any new task)."""
     run_dir: Path | None = None
     """Checkpoints, TensorBoard logs and reports (None: DATA_DIR/runs/RUN)."""
 

@@ -55,7 +55,7 @@ class EnvironmentRow(SQLModel, table=True):
     stats: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
     """Validation, calibration, serving difficulty, use counts, error counts."""
     embedding: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
-    """Novelty embeddings of the prompt and the code (see evoenv_worker/novelty.py)."""
+    """Novelty embeddings of the prompt and the code (the workers' novelty stage)."""
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
 

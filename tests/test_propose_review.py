@@ -8,22 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from evoenv_worker.propose import (
-    TOPICS,
-    Example,
-    choose_examples,
-    extract_code,
-    helpers_first,
-    proposal_messages,
-    with_missing_helpers,
-    with_missing_imports,
-)
+from evoenv_worker.propose import extract_code, with_missing_helpers, with_missing_imports
 from evoenv_worker.review import parse_verdict, review_messages, summarise
 from evoenv_worker.sandbox.host import Sandbox
-from evoenv_worker.static import check_static
 from evoenv_worker.validate import validate_source
 from shared.config import Settings
 from shared.messages import Trace
+from shared.proposal_prompt import (
+    TOPICS,
+    Example,
+    choose_examples,
+    helpers_first,
+    proposal_messages,
+)
+from shared.static import check_static
 
 SEEDS = sorted((Path(__file__).resolve().parents[1] / "seeds").glob("*.py"))
 

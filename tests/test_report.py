@@ -11,9 +11,9 @@ import typer
 from matplotlib.image import imread
 from typer.testing import CliRunner
 
+from evoenv_cli import report as report_cli
+from evoenv_cli.run_report import FIGURES, FUNNEL_STAGES, funnel_buckets, write_report
 from evoenv_learner.evaluate import wilson
-from evoenv_learner.report import FIGURES, FUNNEL_STAGES, funnel_buckets, write_report
-from evoenv_worker.cli import report as report_cli
 from shared.config import Settings
 from shared.db import Archive
 

@@ -10,9 +10,9 @@ import pytest
 
 from evoenv_worker import stages
 from evoenv_worker.sandbox.host import Sandbox
-from evoenv_worker.static import check_static
 from evoenv_worker.validate import SourceRunner, _fresh_factory
 from shared.config import Settings
+from shared.static import check_static
 
 SEEDS = sorted((Path(__file__).resolve().parents[1] / "seeds").glob("*.py"))
 N_SEEDS = 50

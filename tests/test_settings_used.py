@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from shared.config import Settings
 
 REPO = Path(__file__).resolve().parents[1]
-PRODUCT = ("shared", "evoenv_worker", "evoenv_learner")
+PRODUCT = ("shared", "evoenv_model", "evoenv_worker", "evoenv_learner", "evoenv_cli")
 CONFIG = REPO / "shared" / "config.py"
 ALLOWED: dict[str, str] = {}
 """Fields read in a way this test cannot see (dotted path: one line saying how)."""

@@ -28,7 +28,7 @@ import pytest
 from support import cannot_open, missing, without_read_override
 from typer.testing import CliRunner
 
-from evoenv_worker.cli import app
+from evoenv_cli import app
 from evoenv_worker.sandbox.host import Sandbox
 from shared.config import Settings
 from shared.errors import SandboxUnavailable, UsageError
@@ -84,7 +84,7 @@ def evoenv(*args: str | Path, env: dict[str, str], prefix: list[str] | None = No
             "--",
             sys.executable,
             "-c",
-            "from evoenv_worker.cli import main; main()",
+            "from evoenv_cli import main; main()",
             *map(str, args),
         ]
         with (folder_path / "out").open("w+b") as out, (folder_path / "err").open("w+b") as err:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from evoenv_worker.cli.up_record import write_record
+from evoenv_cli.up_record import write_record
 from shared import keys
 from shared.config import Settings
 
@@ -31,7 +31,7 @@ def test_status_reads_the_redis_of_the_running_up(redis_url: str, tmp_path: Path
     client.close()
     env = {k: v for k, v in os.environ.items() if not k.startswith("EVOENV_")}
     done = subprocess.run(
-        [sys.executable, "-c", "from evoenv_worker.cli import main; main()", "status", "--json"],
+        [sys.executable, "-c", "from evoenv_cli import main; main()", "status", "--json"],
         env={**env, "EVOENV_DATA_DIR": str(tmp_path)},
         capture_output=True,
         text=True,

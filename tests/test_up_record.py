@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from evoenv_worker.cli.up_record import (
+from evoenv_cli.up_record import (
     RECORD_NAME,
     choose_redis,
     read_record,

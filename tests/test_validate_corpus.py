@@ -207,7 +207,7 @@ def evoenv(
     *args: str | Path, env: dict[str, str] | None = None, prefix: list[str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run the `evoenv` console script of this interpreter in a real subprocess (or, where the
-    script cannot be executed, its entry point `evoenv_worker.cli:main` through this interpreter),
+    script cannot be executed, its entry point `evoenv_cli:main` through this interpreter),
     after `prefix` (e.g. `without_read_override()`) when given."""
     environment = {**os.environ, **(env or {})}
     arguments = [str(arg) for arg in args]
@@ -229,7 +229,7 @@ def evoenv(
             return run([str(script), *arguments])
         except OSError:  # e.g. its interpreter line cannot be executed by this user
             pass
-    return run([sys.executable, "-c", "from evoenv_worker.cli import main; main()", *arguments])
+    return run([sys.executable, "-c", "from evoenv_cli import main; main()", *arguments])
 
 
 def json_lines(stdout: str) -> list[dict[str, Any]]:

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from support import missing
 
+from evoenv_cli.envs import EXIT_ERROR, exit_code, validate_locally
 from evoenv_worker import stages
-from evoenv_worker.cli.envs import EXIT_ERROR, exit_code, validate_locally
 from evoenv_worker.sandbox.host import Sandbox
 from evoenv_worker.validate import validate_source
 from shared.config import Settings

@@ -19,8 +19,8 @@ import pytest
 from e2e_support import Cluster, evoenv, kill_group
 from support import free_port
 
-from evoenv_worker.models import prepare_model
-from evoenv_worker.serve import start_server
+from evoenv_model.models import prepare_model
+from evoenv_model.serve import start_server
 from shared.config import ServeSettings, Settings
 from shared.errors import ServiceUnavailable
 

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from evoenv_worker.serve import VllmServer
+from evoenv_model.serve import VllmServer
 from shared.config import Settings
 
 
@@ -57,7 +57,7 @@ class Cluster:
 
 def evoenv(*args: str) -> list[str]:
     """The CLI as a subprocess, with info-level (JSON) log lines."""
-    return [sys.executable, "-c", "from evoenv_worker.cli import main; main()", "-v", *args]
+    return [sys.executable, "-c", "from evoenv_cli import main; main()", "-v", *args]
 
 
 def kill_group(

@@ -23,7 +23,7 @@ import pytest
 from e2e_support import evoenv
 from matplotlib import image
 
-from evoenv_learner.supervisor import descendants
+from evoenv_cli.supervisor import descendants
 from shared.db import Archive
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

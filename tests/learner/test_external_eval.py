@@ -11,6 +11,7 @@ import pytest
 from support import free_port
 from typer.testing import CliRunner
 
+from evoenv_cli import app
 from evoenv_learner.external_eval import (
     DEFAULT_TASKS,
     SEED,
@@ -21,7 +22,6 @@ from evoenv_learner.external_eval import (
     summarise_scores,
     task_names,
 )
-from evoenv_worker.cli import app
 from shared.environment import ANSWER_INSTRUCTION, build_prompt
 from shared.errors import ServiceUnavailable, UsageError
 
@@ -176,5 +176,5 @@ def test_the_cli_does_not_import_reasoning_gym_until_the_suite_runs() -> None:
     import subprocess
     import sys
 
-    code = "import sys, evoenv_worker.cli; sys.exit('reasoning_gym' in sys.modules)"
+    code = "import sys, evoenv_cli; sys.exit('reasoning_gym' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False, timeout=60).returncode == 0

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from evoenv_cli.training import _held_out_table
+from evoenv_learner import jobs
 from evoenv_learner.evaluate import evaluate, per_environment, summarise, wilson
 from evoenv_learner.pool import PoolEntry
-from evoenv_worker import tasks
-from evoenv_worker.cli.training import _held_out_table
 from shared.environment import EVAL_SEEDS
 from shared.messages import ConstantBaseline
 
@@ -68,7 +68,8 @@ def constant_jobs(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """The `constant_baseline` jobs sent: parity's finds "even" (3 of 4), at_least's fails."""
     sent: list[dict[str, Any]] = []
 
-    def apply_async(args: list[dict[str, Any]]) -> Done:
+    def send(name: str, *args: dict[str, Any]) -> Done:
+        assert name == "evoenv.constant_baseline"
         (job,) = args
         sent.append(job)
         if job["env"]["name"] == "at_least":
@@ -82,7 +83,7 @@ def constant_jobs(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         )
         return Done(found.model_dump(mode="json"))
 
-    monkeypatch.setattr(tasks.constant_baseline, "apply_async", apply_async)
+    monkeypatch.setattr(jobs, "send", send)
     return sent
 
 

@@ -17,7 +17,8 @@ import redis
 from model.fake_vllm import FakeServer
 from structlog.testing import capture_logs
 
-import evoenv_worker.models
+import evoenv_model.models
+from evoenv_cli.expiry import group_expiry
 from evoenv_learner import loop
 from evoenv_learner.loop import LearnerState
 from shared.config import Settings
@@ -75,7 +76,7 @@ def test_a_group_that_aged_while_queued_is_dropped_at_the_step_and_generation_go
     server = FakeServer()
     for path in PUSH_PATHS:
         server.routes[("POST", path)] = (200, {"success": True})
-    monkeypatch.setattr(evoenv_worker.models, "prepare_model", lambda settings: model_dir)
+    monkeypatch.setattr(evoenv_model.models, "prepare_model", lambda settings: model_dir)
     settings = Settings(
         redis_url=redis_url,
         vllm_urls=[server.url],
@@ -96,7 +97,12 @@ def test_a_group_that_aged_while_queued_is_dropped_at_the_step_and_generation_go
     async def scenario() -> LearnerState:
         republish = asyncio.Event()
         learner = asyncio.create_task(
-            loop.run(settings, on_start=started.append, republish=republish)
+            loop.run(
+                settings,
+                on_start=started.append,
+                republish=republish,
+                expire_groups=group_expiry,
+            )
         )
         await until(lambda: bool(started), 180.0)  # the tiny model loaded: slow on a busy host
         state = started[0]
@@ -114,7 +120,9 @@ def test_a_group_that_aged_while_queued_is_dropped_at_the_step_and_generation_go
         def stop_at_once(state: LearnerState) -> None:
             asyncio.get_running_loop().call_soon(signal.raise_signal, signal.SIGTERM)
 
-        return await loop.run(settings, resume=True, on_start=stop_at_once)
+        return await loop.run(
+            settings, resume=True, on_start=stop_at_once, expire_groups=group_expiry
+        )
 
     try:
         with capture_logs() as logs:

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from evoenv_learner.supervisor import Child, Supervisor
+from evoenv_cli.supervisor import Child, Supervisor
 
 
 def _alive(pid: int) -> bool:
@@ -158,7 +158,7 @@ def test_stop_all_stops_a_layer_together_and_the_layers_in_order(tmp_path: Path)
 SUPERVISING = """
 import os, sys, time
 from pathlib import Path
-from evoenv_learner.supervisor import Child, Supervisor
+from evoenv_cli.supervisor import Child, Supervisor
 folder = Path(sys.argv[1])
 supervisor = Supervisor()
 for name in ("service", "worker"):

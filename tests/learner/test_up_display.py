@@ -12,9 +12,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from evoenv_cli.supervisor import Child, Supervisor
+from evoenv_cli.up_display import Display, progress_lines
 from evoenv_learner.loop import LearnerState
-from evoenv_learner.supervisor import Child, Supervisor
-from evoenv_worker.cli.up_display import Display, progress_lines
 
 
 def _text(display: Display) -> str:

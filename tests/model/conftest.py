@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from fake_vllm import FakeServer, free_port
 
-from evoenv_worker.models import TEST_MODEL, prepare_model
-from evoenv_worker.serve import VllmServer, start_server
+from evoenv_model.models import TEST_MODEL, prepare_model
+from evoenv_model.serve import VllmServer, start_server
 from shared.config import ServeSettings, Settings
 from shared.errors import ServiceUnavailable
 

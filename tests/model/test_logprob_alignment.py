@@ -21,8 +21,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from evoenv_learner.grpo import Role
 from evoenv_learner.trainer import Trainer, TrainSequence, _collate
-from evoenv_worker.models import TEST_MODEL
-from evoenv_worker.serve import VllmServer, start_server
+from evoenv_model.models import TEST_MODEL
+from evoenv_model.serve import VllmServer, start_server
 from shared.config import GrpoSettings
 from shared.errors import ServiceUnavailable
 from shared.inference import InferenceClient, Sampling

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from evoenv_worker.serve import VllmServer
+from evoenv_model.serve import VllmServer
 from shared.inference import InferenceClient, Sampling
 
 pytestmark = pytest.mark.slow

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from fake_vllm import FakeServer
 
-from evoenv_worker.models import TEST_MODEL
-from evoenv_worker.serve import VllmServer
+from evoenv_model.models import TEST_MODEL
+from evoenv_model.serve import VllmServer
 from shared.environment import ANSWER_INSTRUCTION
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ TASK = "chain_sum"
 def evoenv(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """The `evoenv` entry point of this interpreter, in a real subprocess."""
     return subprocess.run(
-        [sys.executable, "-c", "from evoenv_worker.cli import main; main()", *args],
+        [sys.executable, "-c", "from evoenv_cli import main; main()", *args],
         capture_output=True,
         text=True,
         timeout=300,

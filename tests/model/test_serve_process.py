@@ -20,8 +20,8 @@ import pytest
 from conftest import CACHE
 from fake_vllm import free_port
 
-from evoenv_learner.supervisor import descendants
-from evoenv_worker.models import TEST_MODEL
+from evoenv_cli.supervisor import descendants
+from evoenv_model.models import TEST_MODEL
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +47,7 @@ def test_sigkill_of_evoenv_serve_takes_the_server_with_it(
             [
                 sys.executable,
                 "-c",
-                "from evoenv_worker.cli import main; main()",
+                "from evoenv_cli import main; main()",
                 "serve",
                 "--port",
                 str(port),

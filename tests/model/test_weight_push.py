@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from evoenv_learner.publisher import PushFailed, ReloadPublisher
-from evoenv_worker.serve import VllmServer
+from evoenv_model.serve import VllmServer
 from shared import policy
 from shared.inference import InferenceClient, Sampling
 

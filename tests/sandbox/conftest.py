@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from evoenv_learner.supervisor import descendants, process_parents
+from evoenv_cli.supervisor import descendants, process_parents
 from evoenv_worker.sandbox.host import Sandbox
 from evoenv_worker.sandbox.launch import missing_isolation
 from evoenv_worker.sandbox.runner import SPARES, STARTED

@@ -1,6 +1,6 @@
 """Helpers of the queue tests: real worker subprocesses, a cluster of them, job payloads.
 
-Every worker is a real `evoenv worker` process tree (`main` of `evoenv_worker.cli` run by this
+Every worker is a real `evoenv worker` process tree (`main` of `evoenv_cli` run by this
 interpreter), started in its own session with its settings in `EVOENV_*` variables, waited on
 until it answers `inspect().active_queues()`, and killed with every descendant when the cluster
 stops (its sandboxes run in sessions of their own, so the tree is walked through /proc, not the
@@ -25,7 +25,7 @@ import pytest
 from support import missing
 
 REPO = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-c", "from evoenv_worker.cli import main; main()"]
+CLI = [sys.executable, "-c", "from evoenv_cli import main; main()"]
 READY_SECONDS = 60.0
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from evoenv_worker.cli.envs import err, exit_code, out, print_report
-from evoenv_worker.cli.source_file import read_source
+from evoenv_cli.envs import err, exit_code, out, print_report
+from evoenv_cli.source_file import read_source
 from shared.config import Settings, mask_url
 from shared.errors import UsageError
 
@@ -163,7 +163,7 @@ def add(
     blobs = [(path, read_source(path, limit)) for path in files]
     archive = _archive(settings)
     for path, data in blobs:
-        from evoenv_worker.static import check_static
+        from shared.static import check_static
 
         static = check_static(data, limit)
         clash = archive.by_name(static.name) if static.name else None
@@ -171,13 +171,13 @@ def add(
             raise UsageError(f"{path}: the pool already has an environment called {static.name!r}")
     stages = ["review", "calibration", "novelty"]
     if queue:
-        from evoenv_worker.cli.cluster import validate_on_queue
+        from evoenv_cli.cluster import validate_on_queue
 
         reports = validate_on_queue(
             settings, blobs, as_json, True, model_stages=True, add_to_pool=True
         )
     else:
-        from evoenv_worker.cli.envs import validate_locally
+        from evoenv_cli.envs import validate_locally
 
         reports = validate_locally(settings, blobs, stages, as_json, add_to_pool=True)
     raise typer.Exit(exit_code(reports))

@@ -1,8 +1,8 @@
 """`evoenv model prepare|list` and `evoenv serve`: the policy's weights and its vLLM server.
 
-To register (in evoenv_worker/cli/__init__.py, beside `envs.register(app)`):
+To register (in evoenv_cli/__init__.py, beside `envs.register(app)`):
 
-    from evoenv_worker.cli import model as model_cli
+    from evoenv_cli import model as model_cli
     model_cli.register(app)
 
 (`register` does `app.add_typer(model_cli.app, name="model")` and
@@ -33,7 +33,7 @@ def prepare(
     force: bool = typer.Option(False, "--force", help="Rebuild even if the folder is ready."),
 ) -> None:
     """Make the configured model's bf16 safetensors folder (once) and print its path."""
-    from evoenv_worker.models import prepare_model
+    from evoenv_model.models import prepare_model
 
     settings: Settings = ctx.obj
     start = time.monotonic()
@@ -44,7 +44,7 @@ def prepare(
 @app.command("list")
 def list_models(ctx: typer.Context) -> None:
     """The embedded models (weights shipped by pip packages), and which are prepared."""
-    from evoenv_worker.models import DEFAULT_MODEL, EMBEDDED, is_prepared
+    from evoenv_model.models import DEFAULT_MODEL, EMBEDDED, is_prepared
 
     settings: Settings = ctx.obj
     for name in EMBEDDED:
@@ -60,8 +60,8 @@ def serve(
     host: str | None = typer.Option(None, "--host", help="Address (EVOENV_SERVE__HOST)."),
 ) -> None:
     """Start vLLM's OpenAI-compatible server on the configured model, until stopped."""
-    from evoenv_worker.models import prepare_model
-    from evoenv_worker.serve import dtype_choice, on_gpu, start_server
+    from evoenv_model.models import prepare_model
+    from evoenv_model.serve import dtype_choice, on_gpu, start_server
 
     settings: Settings = ctx.obj
     updates = {k: v for k, v in {"port": port, "host": host}.items() if v is not None}

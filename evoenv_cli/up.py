@@ -26,10 +26,10 @@ from typing import Any, NoReturn
 import typer
 from rich.live import Live
 
-from evoenv_learner.supervisor import Child, Supervisor
-from evoenv_worker.cli.envs import EXIT_ERROR, err, out
-from evoenv_worker.cli.up_display import Display, progress_lines
-from evoenv_worker.cli.up_record import remove_record, write_record
+from evoenv_cli.envs import EXIT_ERROR, err, out
+from evoenv_cli.supervisor import Child, Supervisor
+from evoenv_cli.up_display import Display, progress_lines
+from evoenv_cli.up_record import remove_record, write_record
 from shared import keys
 from shared.config import Settings
 from shared.errors import EvoEnvError
@@ -47,7 +47,7 @@ def up(
     """Run everything on this machine: Redis, vLLM, workers, Flower and the learner."""
     started = time.monotonic()
     settings: Settings = ctx.obj
-    from evoenv_worker.serve import dtype_choice, on_gpu
+    from evoenv_model.serve import dtype_choice, on_gpu
 
     applied = apply_cpu_sizes()
     if applied:
@@ -162,7 +162,7 @@ def _train_on(cores: frozenset[int]) -> None:
 
 
 def _evoenv(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from evoenv_worker.cli import main; main()", *args]
+    return [sys.executable, "-c", "from evoenv_cli import main; main()", *args]
 
 
 def _say(line: str) -> None:
@@ -188,6 +188,7 @@ async def _run_up(settings: Settings, supervisor: Supervisor, display: Display) 
     then stop every child and write the report; the final step, version and report path."""
     import httpx
 
+    from evoenv_cli.expiry import group_expiry
     from evoenv_learner.loop import run
     from shared.logging import add_log_file
 
@@ -340,6 +341,7 @@ async def _run_up(settings: Settings, supervisor: Supervisor, display: Display) 
                     on_step=on_step,
                     on_start=display.learner_started,
                     republish=republish,
+                    expire_groups=group_expiry,
                 )
             finally:
                 stop.set()
@@ -378,7 +380,7 @@ def _interrupt() -> NoReturn:
 
 def _report(settings: Settings) -> Path:
     try:
-        from evoenv_learner.report import write_report
+        from evoenv_cli.run_report import write_report
         from shared.db import Archive
     except ImportError:
         return settings.run_dir

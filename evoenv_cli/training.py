@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from evoenv_worker.cli.envs import out
+from evoenv_cli.envs import out
 from shared.config import Settings
 
 
@@ -28,8 +28,9 @@ def learner(
     steps: int | None = typer.Option(None, "--steps", help="Stop after this many optimiser steps."),
 ) -> None:
     """Run the learner (orchestrator, trainer, weight pushes) until stopped or --steps."""
+    from evoenv_cli.envs import EXIT_ERROR, err
+    from evoenv_cli.expiry import group_expiry
     from evoenv_learner.loop import run_process
-    from evoenv_worker.cli.envs import EXIT_ERROR, err
     from shared.errors import EvoEnvError
 
     settings: Settings = ctx.obj
@@ -38,7 +39,7 @@ def learner(
             update={"learner": settings.learner.model_copy(update={"steps": steps})}
         )
     try:
-        state = run_process(settings, resume=resume)
+        state = run_process(settings, resume=resume, expire_groups=group_expiry)
     except EvoEnvError as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(EXIT_ERROR) from exc
@@ -129,15 +130,17 @@ def evaluate(
         return
     if task:
         raise UsageError("--task applies only to --suite reasoning-gym")
+    from evoenv_cli.cluster import redis_of_running_up
+    from evoenv_learner import jobs
     from evoenv_learner.evaluate import evaluate as run_eval
     from evoenv_learner.orchestrator import Orchestrator
     from evoenv_learner.pool import Pool, seed_pool
     from evoenv_worker.app import configure
-    from evoenv_worker.cli.cluster import redis_of_running_up
     from shared.db import Archive
 
     settings = redis_of_running_up(ctx.obj)
     _require_workers(settings, configure(settings))
+    jobs.configure(settings)  # the orchestrator sends the evaluation's jobs through it
     archive = Archive(settings.archive_url)
     seed_pool(archive, settings.seeds_dir)
     pool = Pool(archive, settings.pool)
@@ -163,7 +166,7 @@ def evaluate(
         )
     )
     if not result["instances"]:
-        from evoenv_worker.cli.envs import EXIT_ERROR, err
+        from evoenv_cli.envs import EXIT_ERROR, err
 
         err.print(
             "error: no instance was graded: every job failed (is the model server at "
@@ -220,8 +223,8 @@ def _evaluate_reasoning_gym(
     """`evoenv eval --suite reasoning-gym`: a progress bar on stderr, then the table or JSON."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    from evoenv_cli.envs import EXIT_ERROR, err
     from evoenv_learner.external_eval import DEFAULT_TASKS, check_tasks, evaluate_suite
-    from evoenv_worker.cli.envs import EXIT_ERROR, err
     from shared.errors import ServiceUnavailable
     from shared.inference import InferenceError
 
@@ -277,8 +280,8 @@ def _suite_table(result: dict[str, Any]) -> Table:
 def _require_workers(settings: Settings, app: object) -> None:
     """Exit with one line when no worker consumes a queue the evaluation's jobs need (they
     would wait forever)."""
-    from evoenv_worker.cli.cluster import redis_or_exit, unconsumed
-    from evoenv_worker.cli.envs import EXIT_ERROR, err
+    from evoenv_cli.cluster import redis_or_exit, unconsumed
+    from evoenv_cli.envs import EXIT_ERROR, err
     from shared import keys
 
     redis_or_exit(settings).close()

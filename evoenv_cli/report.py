@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from evoenv_worker.cli.envs import err, out
+from evoenv_cli.envs import err, out
 from shared.config import Settings
 
 
@@ -23,7 +23,7 @@ def report(
 ) -> None:
     """Plot a run's rewards, evaluations, admission funnel, pool, pushes and throughput, and
     write report.md next to the PNGs."""
-    from evoenv_learner.report import recorded_runs, write_report
+    from evoenv_cli.run_report import recorded_runs, write_report
     from shared.db import Archive
 
     settings: Settings = ctx.obj

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from evoenv_worker.cli.source_file import read_source, source_text
+from evoenv_cli.source_file import read_source, source_text
 from evoenv_worker.sandbox.host import Sandbox
 from shared.config import Settings
 from shared.environment import build_prompt
@@ -200,7 +200,7 @@ def validate(
     limit = settings.validation.max_source_bytes
     blobs = [(path, read_source(path, limit)) for path in files]
     if queue:
-        from evoenv_worker.cli.cluster import validate_on_queue
+        from evoenv_cli.cluster import validate_on_queue
 
         reports = validate_on_queue(settings, blobs, as_json, wait, model_stages=bool(wanted))
         raise typer.Exit(exit_code(reports) if wait else 0)

@@ -14,7 +14,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from evoenv_worker.cli.envs import (
+from evoenv_cli.envs import (
     EXIT_ERROR,
     err,
     exit_code,
@@ -54,7 +54,7 @@ def redis_of_running_up(settings: Settings) -> Settings:
     """`settings` pointed at the Redis to read (`up_record.choose_redis`: an explicit
     EVOENV_REDIS_URL, else that of the running `evoenv up` of the same run folder, else the
     default), having said which and why on stderr."""
-    from evoenv_worker.cli.up_record import choose_redis
+    from evoenv_cli.up_record import choose_redis
 
     choice = choose_redis(settings)
     if choice.note is not None:

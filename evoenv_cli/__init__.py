@@ -8,9 +8,9 @@ import typer
 from pydantic import ValidationError
 from typer.exceptions import TyperException
 
+from evoenv_cli import cluster, envs, pool, report, training, up
+from evoenv_cli import model as model_cli
 from evoenv_worker import __version__
-from evoenv_worker.cli import cluster, envs, pool, report, training, up
-from evoenv_worker.cli import model as model_cli
 from shared.config import Settings
 from shared.errors import UsageError
 from shared.logging import configure_logging
