@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from evoenv_model import models
 from evoenv_model.models import EMBEDDED, PackageFile, prepare_model, resolve_model_path
 from evoenv_model.serve import max_len_for, server_command, server_env
-from evoenv_worker import models
 from shared.config import ServeSettings, Settings
 from shared.errors import UsageError
 from shared.hardware import cpu_dtype, cpu_flags
