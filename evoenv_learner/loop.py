@@ -13,12 +13,14 @@ on, and so does a terminal that goes away without a SIGHUP reaching the learner;
 version max(checkpoint, Redis) + 1, so a version number is never reused.
 
 Every group the orchestrator sent frees its slot whatever becomes of it: read and trained,
-skipped for no reward variance, dropped as stale or malformed where read (`settle_read`,
-`settle_dropped`); a chain or proposal that fails or is lost is the orchestrator's to reap.
-Staleness (`learner.max_staleness`: versions between the policy that sampled a completion and
-the step that trains on it) is checked where a group is read and again at the step that would
-use it (`split_stale`): a group that aged past it while queued is dropped there, counted
-(`stale_at_step`) and logged with its version and the step's.
+skipped for no reward variance, dropped as stale or malformed where read (`intake.py`:
+`settle_read`, `settle_dropped`); a chain or proposal that fails or is lost is the
+orchestrator's to reap. Staleness (`learner.max_staleness`: versions between the policy that
+sampled a completion and the step that trains on it) is checked where a group is read and
+again at the step that would use it (`split_stale`): a group that aged past it while queued is
+dropped there, counted (`stale_at_step`) and logged with its version and the step's.
+
+`run` builds the parts (`build`: a `Learner`, whose methods are the tasks) and starts them.
 """
 
 from __future__ import annotations
@@ -38,10 +40,12 @@ from typing import TYPE_CHECKING, Any
 import redis.asyncio as aioredis
 import structlog
 
-from evoenv_learner.consumer import Dropped, RolloutConsumer
+from evoenv_learner.consumer import RolloutConsumer
 from evoenv_learner.distributed import DataParallel
 from evoenv_learner.evaluate import evaluate
-from evoenv_learner.grpo import group_advantages
+from evoenv_learner.intake import settle_dropped as settle_dropped
+from evoenv_learner.intake import settle_read as settle_read
+from evoenv_learner.intake import split_stale as split_stale
 from evoenv_learner.memory import release_memory, rss_gib
 from evoenv_learner.metrics import MetricsSink
 from evoenv_learner.orchestrator import Orchestrator
@@ -57,6 +61,7 @@ if TYPE_CHECKING:
     import redis
 
     from evoenv_learner.publisher import WeightPublisher
+    from evoenv_learner.trainer import Trainer
 
 log = structlog.get_logger(__name__)
 
@@ -162,10 +167,67 @@ async def run(
 
     `expire_groups` gives the orchestrator its `expire_group` (see `GroupExpiry`); without it
     a generation group past its deadline only frees its slot."""
+    learner = await build(
+        settings,
+        resume=resume,
+        on_step=on_step,
+        republish=republish,
+        parallel=parallel,
+        expire_groups=expire_groups,
+    )
+    state = learner.state
+    hung_up = learner.handle_signals()
+    log.info(
+        "learner_started",
+        run=settings.run,
+        model=str(learner.model_path),
+        step=state.step,
+        version=state.version,
+        settings=settings.masked(),
+    )
+    if on_start is not None:
+        on_start(state)
+    # beside the group, not in it: it watches until the stop's checkpoint is written too
+    watcher = asyncio.create_task(watch_terminal(hung_up)) if hung_up is not None else None
+    try:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(learner.orchestrator.run(learner.stop))
+            group.create_task(learner.orchestrator.search_serving(learner.stop))
+            group.create_task(learner.consume())
+            group.create_task(learner.train())
+            if republish is not None:
+                group.create_task(learner.republisher())
+    except BaseExceptionGroup as failed:  # a deliberate error (DiskFull, ...) as itself
+        ours = failed.subgroup(EvoEnvError)
+        if ours is None:
+            raise
+        first: BaseException = ours
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from failed
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+        await learner.close()
+    log.info("learner_stopped", step=state.step, version=state.version, funnel=state.funnel)
+    return state
+
+
+async def build(
+    settings: Settings,
+    *,
+    resume: bool,
+    on_step: Any,
+    republish: asyncio.Event | None,
+    parallel: DataParallel | None,
+    expire_groups: GroupExpiry | None,
+) -> Learner:
+    """The learner's parts (`run`'s arguments of the same names): the pool seeded, the model
+    prepared (and sent to the ranks beside this one), the trainer and publisher on it, the last
+    checkpoint resumed if asked, the consumer started, the orchestrator on its clock."""
     from evoenv_learner import jobs
-    from evoenv_learner.checkpoints import latest_checkpoint
-    from evoenv_learner.publisher import PushFailed, make_publisher
-    from evoenv_learner.trainer import StepInterrupted, Trainer
+    from evoenv_learner.publisher import make_publisher
+    from evoenv_learner.trainer import Trainer
     from evoenv_model.models import prepare_model
     from shared.redis_client import connect
 
@@ -196,21 +258,7 @@ async def run(
     take_turns = settings.learner.take_turns
     if take_turns is None:  # on a CPU, generation and training share the cores
         take_turns = next(trainer.model.parameters()).device.type == "cpu"
-    extra: dict[str, Any] = {}
-    latest = latest_checkpoint(run_dir / "checkpoints") if resume else None
-    if latest is not None:
-        extra = await asyncio.to_thread(trainer.load_checkpoint, latest)
-        state.step = trainer.step_count
-        state.funnel = dict(extra.get("funnel", {}))
-        state.tokens = int(extra.get("tokens", 0))
-        target = max(int(extra.get("version", 0)), read_version(sync_redis)) + 1
-        state.version = await asyncio.to_thread(publisher.publish, trainer.model, target)
-        log.info("learner_resumed", checkpoint=str(latest), step=state.step, version=state.version)
-    elif resume:
-        log.warning(
-            "no_checkpoint",
-            detail=f"nothing to resume in {run_dir / 'checkpoints'}; starting fresh",
-        )
+    extra = await _resume(settings, trainer, publisher, sync_redis, state) if resume else {}
     consumer = RolloutConsumer(client, settings.run, "learner", settings.learner.max_staleness)
     await consumer.start(list(extra.get("unacked", [])))
     rng = random.Random(extra.get("orchestrator_seed", time.time_ns()))
@@ -226,196 +274,268 @@ async def run(
     state.in_flight = orchestrator.groups_in_flight
     orchestrator.levels.update({str(k): int(v) for k, v in extra.get("levels", {}).items()})
     orchestrator.spread.update({str(k): list(v) for k, v in extra.get("spread", {}).items()})
-    metrics = MetricsSink(settings, archive, run_dir / "tensorboard")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def request_stop() -> None:  # on a CPU a step takes minutes: say what the wait is for
-        if not state.stopping:
-            state.stopping = True
-            log.info("learner_stopping", step=state.step, then="checkpoint")
-            trainer.interrupt.set()
-            if on_step is not None:
-                on_step(state)
-        stop.set()
-
-    handlers = {signal.SIGTERM: request_stop, signal.SIGINT: request_stop}
-    hung_up = hangup_handler(request_stop)
-    if hung_up is not None:
-        handlers[signal.SIGHUP] = hung_up
-    for sig, handler in handlers.items():
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, handler)
-    queue: asyncio.Queue[GradedGroup] = asyncio.Queue(maxsize=settings.grpo.batch_groups * 4)
-    log.info(
-        "learner_started",
-        run=settings.run,
-        model=str(model_path),
-        step=state.step,
-        version=state.version,
-        settings=settings.masked(),
+    return Learner(
+        settings=settings,
+        state=state,
+        pool=pool,
+        sync_redis=sync_redis,
+        client=client,
+        model_path=model_path,
+        trainer=trainer,
+        publisher=publisher,
+        take_turns=take_turns,
+        consumer=consumer,
+        rng=rng,
+        orchestrator=orchestrator,
+        metrics=MetricsSink(settings, archive, run_dir / "tensorboard"),
+        on_step=on_step,
+        republish=republish,
+        queue=asyncio.Queue(maxsize=settings.grpo.batch_groups * 4),
     )
-    if on_start is not None:
-        on_start(state)
 
-    async def checkpoint() -> None:
-        ids = consumer.take_for_checkpoint()
+
+async def _resume(
+    settings: Settings,
+    trainer: Trainer,
+    publisher: WeightPublisher,
+    sync_redis: redis.Redis,
+    state: LearnerState,
+) -> dict[str, Any]:
+    """The last checkpoint loaded into `trainer` and `state`, its weights pushed as version
+    max(checkpoint, Redis) + 1; what else it holds (empty if there is none)."""
+    from evoenv_learner.checkpoints import latest_checkpoint
+
+    run_dir = settings.run_dir
+    latest = latest_checkpoint(run_dir / "checkpoints")
+    if latest is None:
+        log.warning(
+            "no_checkpoint",
+            detail=f"nothing to resume in {run_dir / 'checkpoints'}; starting fresh",
+        )
+        return {}
+    extra: dict[str, Any] = await asyncio.to_thread(trainer.load_checkpoint, latest)
+    state.step = trainer.step_count
+    state.funnel = dict(extra.get("funnel", {}))
+    state.tokens = int(extra.get("tokens", 0))
+    target = max(int(extra.get("version", 0)), read_version(sync_redis)) + 1
+    state.version = await asyncio.to_thread(publisher.publish, trainer.model, target)
+    log.info("learner_resumed", checkpoint=str(latest), step=state.step, version=state.version)
+    return extra
+
+
+@dataclass
+class Learner:
+    """The learner's parts, built by `build`; its methods are the tasks `run` starts beside
+    the orchestrator's (`consume`, `train`, `republisher`), what they share, and stopping."""
+
+    settings: Settings
+    state: LearnerState
+    pool: Pool
+    sync_redis: redis.Redis
+    client: aioredis.Redis
+    model_path: Path
+    trainer: Trainer
+    publisher: WeightPublisher
+    take_turns: bool
+    consumer: RolloutConsumer
+    rng: random.Random
+    orchestrator: Orchestrator
+    metrics: MetricsSink
+    on_step: Any
+    republish: asyncio.Event | None
+    queue: asyncio.Queue[GradedGroup]
+    """Groups read and settled, waiting for a step."""
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    weights: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while the trainer steps or a push reads the weights."""
+    _carry: list[GradedGroup] = field(default_factory=list, init=False)
+    """The fresh part of a batch that lost stale groups."""
+    _push_owed: bool = field(default=False, init=False)
+    """The last push due failed: push again at the next step."""
+    _last_checkpoint: int = field(default=0, init=False)
+    """The step of the last checkpoint written (or resumed)."""
+
+    def request_stop(self) -> None:  # on a CPU a step takes minutes: say what the wait is for
+        if not self.state.stopping:
+            self.state.stopping = True
+            log.info("learner_stopping", step=self.state.step, then="checkpoint")
+            self.trainer.interrupt.set()
+            if self.on_step is not None:
+                self.on_step(self.state)
+        self.stop.set()
+
+    def handle_signals(self) -> Callable[[], None] | None:
+        """SIGTERM and SIGINT ask for a stop, and so does SIGHUP unless it is ignored (see
+        `hangup_handler`, returned: None when ignored)."""
+        handlers = {signal.SIGTERM: self.request_stop, signal.SIGINT: self.request_stop}
+        hung_up = hangup_handler(self.request_stop)
+        if hung_up is not None:
+            handlers[signal.SIGHUP] = hung_up
+        loop = asyncio.get_running_loop()
+        for sig, handler in handlers.items():
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, handler)
+        return hung_up
+
+    async def checkpoint(self) -> None:
+        ids = self.consumer.take_for_checkpoint()
         extra = {
-            "version": state.version,
+            "version": self.state.version,
             "unacked": ids,
-            "funnel": state.funnel,
-            "tokens": state.tokens,
-            "orchestrator_seed": rng.random(),
-            "levels": orchestrator.levels,
-            "spread": orchestrator.spread,
+            "funnel": self.state.funnel,
+            "tokens": self.state.tokens,
+            "orchestrator_seed": self.rng.random(),
+            "levels": self.orchestrator.levels,
+            "spread": self.orchestrator.spread,
         }
         await asyncio.to_thread(
-            trainer.save_checkpoint,
-            run_dir / "checkpoints",
+            self.trainer.save_checkpoint,
+            self.settings.run_dir / "checkpoints",
             extra,
-            keep=settings.learner.keep_checkpoints,
+            keep=self.settings.learner.keep_checkpoints,
         )
         await asyncio.to_thread(release_memory)
-        await consumer.acknowledge(ids)
+        await self.consumer.acknowledge(ids)
 
-    async def consume() -> None:
-        while not stop.is_set():
-            groups = await consumer.read(settings.grpo.batch_groups, 1000, state.version)
+    async def consume(self) -> None:
+        """Groups from the stream settled (`intake`) and the trainable ones queued."""
+        state, consumer = self.state, self.consumer
+        while not self.stop.is_set():
+            groups = await consumer.read(self.settings.grpo.batch_groups, 1000, state.version)
             state.stale_dropped = consumer.stats.stale + state.stale_at_step
-            settle_dropped(consumer.take_dropped(), orchestrator, state.funnel)
+            settle_dropped(consumer.take_dropped(), self.orchestrator, state.funnel)
             for group in groups:
-                if await settle_read(group, orchestrator, pool, state, settings):
-                    await _put(queue, group, stop)
+                if await settle_read(group, self.orchestrator, self.pool, state, self.settings):
+                    await _put(self.queue, group, self.stop)
 
-    weights = asyncio.Lock()
-    """Held while the trainer steps or a push reads the weights."""
-
-    async def push() -> float | None:
+    async def push(self) -> float | None:
         """Publish the weights as a new version; the seconds it took, None if it failed."""
+        from evoenv_learner.publisher import PushFailed
+
+        republish = self.republish
         started = time.perf_counter()
         owed = republish is not None and republish.is_set()  # this push settles that debt
         try:
-            state.version = await asyncio.to_thread(publisher.publish, trainer.model)
+            self.state.version = await asyncio.to_thread(self.publisher.publish, self.trainer.model)
             if owed:
                 republish.clear()  # type: ignore[union-attr]
         except (PushFailed, ServiceUnavailable) as exc:
             # A server down (being restarted): train on, push again next step.
-            log.error("push_failed_will_retry", step=state.step, error=str(exc)[:500])
+            log.error("push_failed_will_retry", step=self.state.step, error=str(exc)[:500])
             return None
         return round(time.perf_counter() - started, 3)
 
-    async def republisher() -> None:
+    async def republisher(self) -> None:
+        republish = self.republish
         assert republish is not None
-        while not stop.is_set():
+        while not self.stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(republish.wait(), timeout=1.0)
-            if republish.is_set() and not stop.is_set():
-                async with weights:
+            if republish.is_set() and not self.stop.is_set():
+                async with self.weights:
                     if not republish.is_set():
                         continue  # a step's push reached every server meanwhile
-                    log.info("republish", step=state.step, version=state.version)
-                    if await push() is None:
+                    log.info("republish", step=self.state.step, version=self.state.version)
+                    if await self.push() is None:
                         await asyncio.sleep(5.0)  # still owed: try again
 
-    async def train() -> None:
-        last_checkpoint = state.step
-        push_owed = False
-        carry: list[GradedGroup] = []  # the fresh part of a batch that lost stale groups
+    async def train(self) -> None:
+        """Steps until `learner.steps` are done (0: until stopped), then the stop; a checkpoint
+        at the end if anything was trained or read since the last one."""
+        from evoenv_learner.trainer import StepInterrupted
+
+        state, settings = self.state, self.settings
+        self._last_checkpoint = state.step
         try:
-            while not stop.is_set() and (
+            while not self.stop.is_set() and (
                 not settings.learner.steps or state.step < settings.learner.steps
             ):
-                batch = await _batch(queue, settings.grpo.batch_groups, stop, carry)
+                batch = await _batch(self.queue, settings.grpo.batch_groups, self.stop, self._carry)
                 if not batch:
                     continue
-                async with weights:  # no push can bump the version from here to the step
-                    fresh, stale = split_stale(
-                        batch, state.version, settings.learner.max_staleness, state.step + 1
-                    )
-                    if stale:
-                        state.stale_at_step += len(stale)
-                        state.stale_dropped = consumer.stats.stale + state.stale_at_step
-                        orchestrator.dropped_at_step(len(stale))
-                        carry = fresh  # topped up from the queue, then checked again
-                        continue
-                    carry = []
-                    try:
-                        async with taking_turns(publisher, take_turns):
-                            step_metrics = await asyncio.to_thread(trainer.step, batch)
-                    except StepInterrupted:
-                        # its groups count as read (gradings and funnel are recorded) and go
-                        # with the stop's checkpoint, like those still queued
-                        log.info("step_abandoned", step=state.step + 1, groups=len(batch))
-                        break
-                    if trainer.step_count == state.step:
-                        log.warning("step_not_taken", groups=len(batch))
-                        orchestrator.batch_trained()
-                        continue
-                    state.step = trainer.step_count
-                    values = step_metrics.as_dict()
-                    values["groups_trained"] = [g.group_id for g in batch]
-                    if state.step % settings.learner.push_every == 0 or push_owed:
-                        seconds = await push()
-                        push_owed = seconds is None
-                        if seconds is not None:
-                            values["push_seconds"] = seconds
-                    await asyncio.to_thread(release_memory)
-                    values["rss_gib"] = round(rss_gib(), 2)
-                values.update(
-                    version=state.version,
-                    zero_variance_skipped=state.skipped_groups,
-                    stale_dropped=state.stale_dropped,
-                    stale_at_step=state.stale_at_step,
-                    in_flight_solver=len(orchestrator.solver_in_flight),
-                    in_flight_generator=len(orchestrator.generator_in_flight),
-                    queue=queue.qsize(),
-                    pool=len(pool),
-                    **{f"funnel_{k}": v for k, v in state.funnel.items()},
-                )
-                state.last_metrics = values
-                await asyncio.to_thread(metrics.train, state.step, state.version, values)
-                if on_step is not None:
-                    on_step(state)
-                if state.step % settings.learner.checkpoint_every == 0:
-                    await checkpoint()
-                    last_checkpoint = state.step
-                if state.step % settings.learner.eval_every == 0:
-                    result = await evaluate(settings, orchestrator, stop)
-                    await asyncio.to_thread(metrics.eval, state.step, state.version, result)
-                orchestrator.batch_trained()  # synchronous mode: its next round starts
+                try:
+                    values = await self._one_step(batch)
+                except StepInterrupted:
+                    # its groups count as read (gradings and funnel are recorded) and go
+                    # with the stop's checkpoint, like those still queued
+                    log.info("step_abandoned", step=state.step + 1, groups=len(batch))
+                    break
+                if values is not None:
+                    await self._after_step(values)
         finally:
-            stop.set()
-            if state.step > last_checkpoint or consumer.has_unacknowledged:
-                await checkpoint()
+            self.stop.set()
+            if state.step > self._last_checkpoint or self.consumer.has_unacknowledged:
+                await self.checkpoint()
 
-    # beside the group, not in it: it watches until the stop's checkpoint is written too
-    watcher = asyncio.create_task(watch_terminal(hung_up)) if hung_up is not None else None
-    try:
-        async with asyncio.TaskGroup() as group:
-            group.create_task(orchestrator.run(stop))
-            group.create_task(orchestrator.search_serving(stop))
-            group.create_task(consume())
-            group.create_task(train())
-            if republish is not None:
-                group.create_task(republisher())
-    except BaseExceptionGroup as failed:  # a deliberate error (DiskFull, ...) as itself
-        ours = failed.subgroup(EvoEnvError)
-        if ours is None:
-            raise
-        first: BaseException = ours
-        while isinstance(first, BaseExceptionGroup):
-            first = first.exceptions[0]
-        raise first from failed
-    finally:
-        if watcher is not None:
-            watcher.cancel()
-        await asyncio.to_thread(trainer.close)
-        metrics.close()
-        publisher.close()
-        await client.aclose()
-        sync_redis.close()
-    log.info("learner_stopped", step=state.step, version=state.version, funnel=state.funnel)
-    return state
+    async def _one_step(self, batch: list[GradedGroup]) -> dict[str, Any] | None:
+        """A step on `batch`, then a push when due; the step's metrics. None when no step was
+        taken: the batch had stale groups (its fresh ones wait, topped up, for the next try),
+        or the trainer took none. `StepInterrupted` when a stop abandoned it."""
+        state = self.state
+        async with self.weights:  # no push can bump the version from here to the step
+            fresh, stale = split_stale(
+                batch, state.version, self.settings.learner.max_staleness, state.step + 1
+            )
+            if stale:
+                state.stale_at_step += len(stale)
+                state.stale_dropped = self.consumer.stats.stale + state.stale_at_step
+                self.orchestrator.dropped_at_step(len(stale))
+                self._carry = fresh  # topped up from the queue, then checked again
+                return None
+            self._carry = []
+            async with taking_turns(self.publisher, self.take_turns):
+                step_metrics = await asyncio.to_thread(self.trainer.step, batch)
+            if self.trainer.step_count == state.step:
+                log.warning("step_not_taken", groups=len(batch))
+                self.orchestrator.batch_trained()
+                return None
+            state.step = self.trainer.step_count
+            values = step_metrics.as_dict()
+            values["groups_trained"] = [g.group_id for g in batch]
+            if state.step % self.settings.learner.push_every == 0 or self._push_owed:
+                seconds = await self.push()
+                self._push_owed = seconds is None
+                if seconds is not None:
+                    values["push_seconds"] = seconds
+            await asyncio.to_thread(release_memory)
+            values["rss_gib"] = round(rss_gib(), 2)
+        return values
+
+    async def _after_step(self, values: dict[str, Any]) -> None:
+        """The step's metrics, with the learner's counters, recorded and passed to `on_step`;
+        a checkpoint and an evaluation when due; then the orchestrator told."""
+        state, orchestrator = self.state, self.orchestrator
+        values.update(
+            version=state.version,
+            zero_variance_skipped=state.skipped_groups,
+            stale_dropped=state.stale_dropped,
+            stale_at_step=state.stale_at_step,
+            in_flight_solver=len(orchestrator.solver_in_flight),
+            in_flight_generator=len(orchestrator.generator_in_flight),
+            queue=self.queue.qsize(),
+            pool=len(self.pool),
+            **{f"funnel_{k}": v for k, v in state.funnel.items()},
+        )
+        state.last_metrics = values
+        await asyncio.to_thread(self.metrics.train, state.step, state.version, values)
+        if self.on_step is not None:
+            self.on_step(state)
+        if state.step % self.settings.learner.checkpoint_every == 0:
+            await self.checkpoint()
+            self._last_checkpoint = state.step
+        if state.step % self.settings.learner.eval_every == 0:
+            result = await evaluate(self.settings, orchestrator, self.stop)
+            await asyncio.to_thread(self.metrics.eval, state.step, state.version, result)
+        orchestrator.batch_trained()  # synchronous mode: its next round starts
+
+    async def close(self) -> None:
+        """Close what the learner opened: the trainer (and the ranks beside it), the metrics,
+        the publisher, the Redis clients."""
+        await asyncio.to_thread(self.trainer.close)
+        self.metrics.close()
+        self.publisher.close()
+        await self.client.aclose()
+        self.sync_redis.close()
 
 
 @asynccontextmanager
@@ -446,97 +566,6 @@ def run_process(
         follow(settings, parallel)
         return None
     return asyncio.run(run(settings, resume=resume, parallel=parallel, expire_groups=expire_groups))
-
-
-async def settle_read(
-    group: GradedGroup,
-    orchestrator: Orchestrator,
-    pool: Pool,
-    state: LearnerState,
-    settings: Settings,
-) -> bool:
-    """Settle a group read from the stream with the orchestrator (its slot, its level, the
-    funnel); True if it goes to the trainer, False if it is skipped (over the prompt budget,
-    or no reward variance: nothing to learn from)."""
-    state.tokens += sum(len(c.token_ids) for c in group.completions)
-    if group.role == "generator":
-        orchestrator.generation_done(group.group_id)
-        _count(state.funnel, group.data.get("funnel", []))
-    elif group.data.get("over_budget"):
-        orchestrator.over_budget(group.env_sha, group.difficulty)
-        orchestrator.solver_settled(group.group_id, trained=False)
-        return False
-    rewards = [c.reward for c in group.completions]
-    trainable = group_advantages(rewards, group.role, settings.grpo) is not None
-    if group.role != "generator":
-        await asyncio.to_thread(_record_gradings, pool, group)
-        scored = [c for c in group.completions if c.reward is not None]
-        orchestrator.record_outcome(
-            group.env_sha,
-            group.difficulty,
-            sum(c.reward == 1.0 for c in scored),
-            len(scored),
-            spread=trainable,
-        )
-        orchestrator.solver_settled(group.group_id, trained=trainable)
-    if not trainable:
-        state.skipped_groups += 1
-        log.info("group_skipped", group=group.group_id, role=group.role, rewards=rewards)
-    return trainable
-
-
-def settle_dropped(
-    dropped: Sequence[Dropped], orchestrator: Orchestrator, funnel: dict[str, int]
-) -> None:
-    """Free the slots of groups the consumer dropped (stale, malformed); a stale generation
-    group's candidates were judged all the same, so its funnel counts."""
-    for group in dropped:
-        if group.role == "generator":
-            orchestrator.generation_done(group.group_id)
-            _count(funnel, group.funnel)
-        else:
-            orchestrator.solver_settled(group.group_id, trained=False)
-
-
-def split_stale(
-    batch: Sequence[GradedGroup], version: int, max_staleness: int, step: int
-) -> tuple[list[GradedGroup], list[GradedGroup]]:
-    """The groups of `batch` a step at policy `version` may train on, and those sampled more
-    than `max_staleness` versions before it (each logged with its version and the step's)."""
-    fresh, stale = [], []
-    for group in batch:
-        if version - group.policy_version > max_staleness:
-            stale.append(group)
-            log.info(
-                "rollout_stale_at_step",
-                group=group.group_id,
-                role=group.role,
-                version=group.policy_version,
-                step_version=version,
-                step=step,
-            )
-        else:
-            fresh.append(group)
-    return fresh, stale
-
-
-def _count(funnel: dict[str, int], outcomes: Sequence[str]) -> None:
-    for outcome in outcomes:
-        funnel[outcome] = funnel.get(outcome, 0) + 1
-
-
-def _record_gradings(pool: Pool, group: GradedGroup) -> None:
-    errors = sum(c.outcome == "env_error" for c in group.completions)
-    passes = sum(c.reward == 1.0 for c in group.completions)
-    if group.env_sha in pool:
-        pool.record_gradings(
-            group.env_sha,
-            len(group.completions),
-            errors,
-            passes=passes,
-            difficulty=group.difficulty,
-            group_id=group.group_id,
-        )
 
 
 async def _put(queue: asyncio.Queue[GradedGroup], group: GradedGroup, stop: asyncio.Event) -> None:

@@ -1,0 +1,115 @@
+"""The group intake: each group read from the stream, or dropped where read, settled with the
+orchestrator (its slot, its level, the funnel) and the pool (its gradings), and whether it goes
+to the trainer (`settle_read`: True, or False when skipped); staleness checked again at the
+step that would use a group (`split_stale`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import structlog
+
+from evoenv_learner.consumer import Dropped
+from evoenv_learner.grpo import group_advantages
+from evoenv_learner.orchestrator import Orchestrator
+from evoenv_learner.pool import Pool
+from shared.config import Settings
+from shared.messages import GradedGroup
+
+if TYPE_CHECKING:
+    from evoenv_learner.loop import LearnerState
+
+log = structlog.get_logger(__name__)
+
+
+async def settle_read(
+    group: GradedGroup,
+    orchestrator: Orchestrator,
+    pool: Pool,
+    state: LearnerState,
+    settings: Settings,
+) -> bool:
+    """Settle a group read from the stream with the orchestrator (its slot, its level, the
+    funnel); True if it goes to the trainer, False if it is skipped (over the prompt budget,
+    or no reward variance: nothing to learn from)."""
+    state.tokens += sum(len(c.token_ids) for c in group.completions)
+    if group.role == "generator":
+        orchestrator.generation_done(group.group_id)
+        _count(state.funnel, group.data.get("funnel", []))
+    elif group.data.get("over_budget"):
+        orchestrator.over_budget(group.env_sha, group.difficulty)
+        orchestrator.solver_settled(group.group_id, trained=False)
+        return False
+    rewards = [c.reward for c in group.completions]
+    trainable = group_advantages(rewards, group.role, settings.grpo) is not None
+    if group.role != "generator":
+        await asyncio.to_thread(_record_gradings, pool, group)
+        scored = [c for c in group.completions if c.reward is not None]
+        orchestrator.record_outcome(
+            group.env_sha,
+            group.difficulty,
+            sum(c.reward == 1.0 for c in scored),
+            len(scored),
+            spread=trainable,
+        )
+        orchestrator.solver_settled(group.group_id, trained=trainable)
+    if not trainable:
+        state.skipped_groups += 1
+        log.info("group_skipped", group=group.group_id, role=group.role, rewards=rewards)
+    return trainable
+
+
+def settle_dropped(
+    dropped: Sequence[Dropped], orchestrator: Orchestrator, funnel: dict[str, int]
+) -> None:
+    """Free the slots of groups the consumer dropped (stale, malformed); a stale generation
+    group's candidates were judged all the same, so its funnel counts."""
+    for group in dropped:
+        if group.role == "generator":
+            orchestrator.generation_done(group.group_id)
+            _count(funnel, group.funnel)
+        else:
+            orchestrator.solver_settled(group.group_id, trained=False)
+
+
+def split_stale(
+    batch: Sequence[GradedGroup], version: int, max_staleness: int, step: int
+) -> tuple[list[GradedGroup], list[GradedGroup]]:
+    """The groups of `batch` a step at policy `version` may train on, and those sampled more
+    than `max_staleness` versions before it (each logged with its version and the step's)."""
+    fresh, stale = [], []
+    for group in batch:
+        if version - group.policy_version > max_staleness:
+            stale.append(group)
+            log.info(
+                "rollout_stale_at_step",
+                group=group.group_id,
+                role=group.role,
+                version=group.policy_version,
+                step_version=version,
+                step=step,
+            )
+        else:
+            fresh.append(group)
+    return fresh, stale
+
+
+def _count(funnel: dict[str, int], outcomes: Sequence[str]) -> None:
+    for outcome in outcomes:
+        funnel[outcome] = funnel.get(outcome, 0) + 1
+
+
+def _record_gradings(pool: Pool, group: GradedGroup) -> None:
+    errors = sum(c.outcome == "env_error" for c in group.completions)
+    passes = sum(c.reward == 1.0 for c in group.completions)
+    if group.env_sha in pool:
+        pool.record_gradings(
+            group.env_sha,
+            len(group.completions),
+            errors,
+            passes=passes,
+            difficulty=group.difficulty,
+            group_id=group.group_id,
+        )
