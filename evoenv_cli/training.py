@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -112,10 +113,22 @@ def evaluate(
 
     --suite reasoning-gym: pass rate and mean score on reasoning-gym tasks (exit 3: no server).
     """
+    _check_options(suite, env, task, difficulty, first)
+    if suite is Suite.REASONING_GYM:
+        _evaluate_reasoning_gym(ctx.obj, task, instances, as_json)
+        return
+    result = _evaluate_held_out(ctx.obj, env, difficulty, instances, first)
+    _print_result(result, as_json, _held_out_table)
+
+
+def _check_options(
+    suite: Suite, envs: list[str], tasks: list[str], difficulty: int | None, first: int
+) -> None:
+    """A usage error for an option that does not apply to `suite`."""
     from shared.errors import UsageError
 
     if suite is Suite.REASONING_GYM:
-        if env:
+        if envs:
             raise UsageError(
                 "--env does not apply to --suite reasoning-gym: name tasks with --task"
             )
@@ -126,10 +139,16 @@ def evaluate(
                 "--difficulty does not apply to --suite reasoning-gym: its tasks are generated "
                 "at their default configurations"
             )
-        _evaluate_reasoning_gym(ctx.obj, task, instances, as_json)
-        return
-    if task:
+    elif tasks:
         raise UsageError("--task applies only to --suite reasoning-gym")
+
+
+def _evaluate_held_out(
+    settings: Settings, envs: list[str], difficulty: int | None, instances: int, first: int
+) -> dict[str, Any]:
+    """`evoenv eval --suite held-out`: the pool's environments ENVS (default: the seeds) graded
+    by the workers, on the Redis of the running `evoenv up` if there is one; exit 3 when the
+    workers are missing or no instance was graded."""
     from evoenv_cli.cluster import redis_of_running_up
     from evoenv_learner import jobs
     from evoenv_learner.evaluate import evaluate as run_eval
@@ -137,15 +156,16 @@ def evaluate(
     from evoenv_learner.pool import Pool, seed_pool
     from evoenv_worker.app import configure
     from shared.db import Archive
+    from shared.errors import UsageError
 
-    settings = redis_of_running_up(ctx.obj)
+    settings = redis_of_running_up(settings)
     _require_workers(settings, configure(settings))
     jobs.configure(settings)  # the orchestrator sends the evaluation's jobs through it
     archive = Archive(settings.archive_url)
     seed_pool(archive, settings.seeds_dir)
     pool = Pool(archive, settings.pool)
-    members = [m for m in pool.members if (m.name in env if env else m.is_seed)]
-    missing = sorted(set(env) - {m.name for m in members})
+    members = [m for m in pool.members if (m.name in envs if envs else m.is_seed)]
+    missing = sorted(set(envs) - {m.name for m in members})
     if missing:
         raise UsageError(f"not in the pool: {', '.join(missing)}")
 
@@ -165,6 +185,12 @@ def evaluate(
             first=first,
         )
     )
+    _require_graded(settings, result)
+    return result
+
+
+def _require_graded(settings: Settings, result: dict[str, Any]) -> None:
+    """Exit with one line when no instance of the evaluation was graded."""
     if not result["instances"]:
         from evoenv_cli.envs import EXIT_ERROR, err
 
@@ -174,10 +200,16 @@ def evaluate(
             markup=False,
         )
         raise typer.Exit(EXIT_ERROR)
+
+
+def _print_result(
+    result: dict[str, Any], as_json: bool, table: Callable[[dict[str, Any]], Table]
+) -> None:
+    """`result` as one JSON object, or as its `table`."""
     if as_json:
         out.print(json.dumps(result), markup=False)
         return
-    out.print(_held_out_table(result))
+    out.print(table(result))
 
 
 CONSTANT_SHOWN = 24
@@ -247,10 +279,7 @@ def _evaluate_reasoning_gym(
     except (ServiceUnavailable, InferenceError) as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(EXIT_ERROR) from exc
-    if as_json:
-        out.print(json.dumps(result), markup=False)
-        return
-    out.print(_suite_table(result))
+    _print_result(result, as_json, _suite_table)
 
 
 def _suite_table(result: dict[str, Any]) -> Table:

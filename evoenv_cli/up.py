@@ -1,14 +1,8 @@
-"""`evoenv up`: the whole loop on one machine, supervised, with a live progress display.
+"""`evoenv up`: the whole loop on one machine, supervised, with a live display (`up_display`).
 
-Starts a private Redis (append-only, data in the run folder) unless EVOENV_REDIS_URL is set,
-the vLLM server on the embedded model unless EVOENV_VLLM_URLS is set, one worker per queue,
-Flower, and the learner in the foreground. Ctrl-C or --steps ends it cleanly: checkpoint,
-every child stopped, the report written; so does closing its terminal (SIGHUP), its output
-going to /dev/null from then on. Run it again in the same folder and it resumes.
-
-Its Redis is recorded in the run folder while it runs (`up_record`), so that `evoenv status`
-and the other commands run beside it read that Redis. Off a terminal it prints a progress line
-a minute until the first step, then a line a step (`up_display`).
+Starts a private Redis and the vLLM server (each unless its address is set), the workers, Flower
+and the learner; Ctrl-C, --steps or a hangup end it cleanly (checkpoint, children stopped, report
+written); run again in the same folder, it resumes. `up_record` tells other commands its Redis.
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.live import Live
@@ -34,6 +28,9 @@ from shared import keys
 from shared.config import Settings
 from shared.errors import EvoEnvError
 from shared.ports import free_port, listening
+
+if TYPE_CHECKING:
+    from evoenv_learner.loop import LearnerState
 
 
 def register(app: typer.Typer) -> None:
@@ -186,10 +183,6 @@ async def _up(settings: Settings, started: float) -> dict[str, Any]:
 async def _run_up(settings: Settings, supervisor: Supervisor, display: Display) -> dict[str, Any]:
     """Add the children, start them under `supervisor`, run the learner in the foreground,
     then stop every child and write the report; the final step, version and report path."""
-    import httpx
-
-    from evoenv_cli.expiry import group_expiry
-    from evoenv_learner.loop import run
     from shared.logging import add_log_file
 
     run_dir = settings.run_dir
@@ -202,59 +195,48 @@ async def _run_up(settings: Settings, supervisor: Supervisor, display: Display) 
     # Taking turns (the default without a GPU), vLLM and the learner each use every core in
     # turn; otherwise each keeps its own half.
     split = core_split() if settings.learner.take_turns is False else None
+    settings = _add_services(settings, supervisor, env, logs, republish, split)
+    flower_port = settings.flower.port if not listening(settings.flower.port) else free_port()
+    workers = _workers(env, logs, flower_port)
+    (run_dir / "settings.json").write_text(json.dumps(settings.masked(), indent=2, default=str))
+    state: dict[str, Any] = {"step": 0, "version": 0, "report": None}
+    try:
+        # drawn anew at each refresh: the children's state, the progress counts and the wait
+        # for the first step show as they change, not only at the next step
+        with Live(get_renderable=display.table, refresh_per_second=1, transient=False) as live:
+            await _start_services(supervisor, display, run_dir, settings.redis_url)
+            _start_workers(supervisor, workers, every_core)
+            if split is not None:
+                _train_on(split[1])
+            out.print(f"Flower on http://127.0.0.1:{flower_port}  logs in {logs}", markup=False)
+            learner_state = await _learn(settings, supervisor, display, live, republish)
+        state.update(step=learner_state.step, version=learner_state.version)
+        state["gave_up"] = supervisor.gave_up
+    finally:
+        _stop_children(supervisor, run_dir)
+    state["report"] = str(_report(settings))
+    return state
+
+
+def _add_services(
+    settings: Settings,
+    supervisor: Supervisor,
+    env: dict[str, str],
+    logs: Path,
+    republish: asyncio.Event,
+    split: tuple[frozenset[int], frozenset[int]] | None,
+) -> Settings:
+    """Add Redis and the vLLM server to `supervisor`, each unless its address is set; `settings`
+    pointed at them, and `env`, the children's environment, updated to match (vLLM bound to
+    its half of the cores when `split`)."""
     own_env: dict[str, dict[str, str]] = {}
     updates: dict[str, Any] = {}
     if "EVOENV_REDIS_URL" not in os.environ:
-        redis_port = free_port()
-        (run_dir / "redis").mkdir(exist_ok=True)
-        supervisor.add(
-            Child(
-                "redis",
-                [
-                    "redis-server",
-                    "--port",
-                    str(redis_port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--dir",
-                    str(run_dir / "redis"),
-                    "--appendonly",
-                    "yes",
-                    "--appendfsync",
-                    "everysec",
-                    "--save",
-                    "",
-                ],
-                env,
-                logs / "redis.log",
-                ready=lambda: listening(redis_port),
-            )
-        )
-        updates["redis_url"] = f"redis://127.0.0.1:{redis_port}/0"
+        updates["redis_url"] = _add_redis(supervisor, env, settings.run_dir, logs)
     if "EVOENV_VLLM_URLS" not in os.environ:
-        vllm_port = settings.serve.port if not listening(settings.serve.port) else free_port()
-        env["EVOENV_SERVE__PORT"] = str(vllm_port)
-        url = f"http://127.0.0.1:{vllm_port}"
-
-        def healthy() -> bool:
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
-            return False
-
+        updates["vllm_urls"] = [_add_vllm(settings, supervisor, env, logs, republish)]
         if split is not None and "VLLM_CPU_OMP_THREADS_BIND" not in env:
             own_env["vllm"] = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, sorted(split[0])))}
-        supervisor.add(
-            Child(
-                "vllm",
-                _evoenv("serve"),
-                env,
-                logs / "vllm.log",
-                ready=healthy,
-                restarted=republish.set,  # a restarted server serves the base weights
-                layer=VLLM_LAYER,
-            )
-        )
-        updates["vllm_urls"] = [url]
     settings = settings.model_copy(update=updates)
     env.update(
         {
@@ -264,10 +246,78 @@ async def _run_up(settings: Settings, supervisor: Supervisor, display: Display) 
             "EVOENV_RUN": settings.run,
         }
     )
-    flower_port = settings.flower.port if not listening(settings.flower.port) else free_port()
     for child in supervisor.children:
         child.env = {**env, **own_env.get(child.name, {})}
-    workers = [
+    return settings
+
+
+def _add_redis(supervisor: Supervisor, env: dict[str, str], run_dir: Path, logs: Path) -> str:
+    """Add a private Redis on a free port, append-only, its data in RUN/redis; its URL."""
+    redis_port = free_port()
+    (run_dir / "redis").mkdir(exist_ok=True)
+    supervisor.add(
+        Child(
+            "redis",
+            [
+                "redis-server",
+                "--port",
+                str(redis_port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(run_dir / "redis"),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+                "--save",
+                "",
+            ],
+            env,
+            logs / "redis.log",
+            ready=lambda: listening(redis_port),
+        )
+    )
+    return f"redis://127.0.0.1:{redis_port}/0"
+
+
+def _add_vllm(
+    settings: Settings,
+    supervisor: Supervisor,
+    env: dict[str, str],
+    logs: Path,
+    republish: asyncio.Event,
+) -> str:
+    """Add the vLLM server on its configured port (a free one if that is taken), ready once
+    it answers /health, setting `republish` when restarted; its URL."""
+    import httpx
+
+    vllm_port = settings.serve.port if not listening(settings.serve.port) else free_port()
+    env["EVOENV_SERVE__PORT"] = str(vllm_port)
+    url = f"http://127.0.0.1:{vllm_port}"
+
+    def healthy() -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
+        return False
+
+    supervisor.add(
+        Child(
+            "vllm",
+            _evoenv("serve"),
+            env,
+            logs / "vllm.log",
+            ready=healthy,
+            restarted=republish.set,  # a restarted server serves the base weights
+            layer=VLLM_LAYER,
+        )
+    )
+    return url
+
+
+def _workers(env: dict[str, str], logs: Path, flower_port: int) -> list[Child]:
+    """One worker per queue, and Flower on `flower_port`: the layer that stops first."""
+    return [
         Child(
             "worker-generation",
             _evoenv("worker", "-Q", keys.GENERATION_QUEUE),
@@ -298,63 +348,6 @@ async def _run_up(settings: Settings, supervisor: Supervisor, display: Display) 
             layer=WORKERS_LAYER,
         ),
     ]
-    (run_dir / "settings.json").write_text(json.dumps(settings.masked(), indent=2, default=str))
-    stop = asyncio.Event()
-    state: dict[str, Any] = {"step": 0, "version": 0, "report": None}
-    try:
-        # drawn anew at each refresh: the children's state, the progress counts and the wait
-        # for the first step show as they change, not only at the next step
-        with Live(get_renderable=display.table, refresh_per_second=1, transient=False) as live:
-            await _start_services(supervisor, display, run_dir, settings.redis_url)
-            for child in workers:
-                supervisor.add(child)
-                child.start()
-            for child in supervisor.children:
-                child.cpus = every_core  # restarts must not inherit the learner's cores
-            if split is not None:
-                _train_on(split[1])
-            out.print(f"Flower on http://127.0.0.1:{flower_port}  logs in {logs}", markup=False)
-            resume = (run_dir / "checkpoints").is_dir() and any(
-                (run_dir / "checkpoints").glob("step-*")
-            )
-            from transformers.utils import logging as transformers_logging
-
-            transformers_logging.disable_progress_bar()  # loading bars would break the display
-
-            def on_step(learner_state: Any) -> None:
-                if display.learner is None:  # a stop asked for before the learner ran
-                    display.learner_started(learner_state)
-                live.refresh()
-                if not out.is_terminal:  # Live shows only its last table off a terminal
-                    out.print(display.line(learner_state), markup=False)
-
-            async def watch() -> None:
-                await supervisor.watch(stop)
-                if supervisor.gave_up:  # stop the learner cleanly (checkpoint), as Ctrl-C does
-                    os.kill(os.getpid(), signal.SIGTERM)
-
-            watcher = asyncio.create_task(watch())
-            try:
-                learner_state = await run(
-                    settings,
-                    resume=resume,
-                    on_step=on_step,
-                    on_start=display.learner_started,
-                    republish=republish,
-                    expire_groups=group_expiry,
-                )
-            finally:
-                stop.set()
-                await watcher
-        state.update(step=learner_state.step, version=learner_state.version)
-        state["gave_up"] = supervisor.gave_up
-    finally:
-        try:
-            supervisor.stop_all()
-        finally:
-            remove_record(run_dir)
-    state["report"] = str(_report(settings))
-    return state
 
 
 async def _start_services(
@@ -372,6 +365,77 @@ async def _start_services(
         display.starting = None
         if child.name == "redis":
             write_record(run_dir, redis_url)
+
+
+def _start_workers(
+    supervisor: Supervisor, workers: list[Child], every_core: frozenset[int]
+) -> None:
+    """Add the workers and Flower and start them (nothing waits for them); every child is
+    then restarted on every core, not on the learner's."""
+    for child in workers:
+        supervisor.add(child)
+        child.start()
+    for child in supervisor.children:
+        child.cpus = every_core  # restarts must not inherit the learner's cores
+
+
+async def _learn(
+    settings: Settings,
+    supervisor: Supervisor,
+    display: Display,
+    live: Live,
+    republish: asyncio.Event,
+) -> LearnerState:
+    """Run the learner (resumed if the run has a checkpoint) while `supervisor` restarts the
+    children that die, a line a step off a terminal; its final state."""
+    from evoenv_cli.expiry import group_expiry
+    from evoenv_learner.loop import run
+
+    resume = (settings.run_dir / "checkpoints").is_dir() and any(
+        (settings.run_dir / "checkpoints").glob("step-*")
+    )
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # loading bars would break the display
+
+    def on_step(learner_state: Any) -> None:
+        if display.learner is None:  # a stop asked for before the learner ran
+            display.learner_started(learner_state)
+        live.refresh()
+        if not out.is_terminal:  # Live shows only its last table off a terminal
+            out.print(display.line(learner_state), markup=False)
+
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(_watch(supervisor, stop))
+    try:
+        return await run(
+            settings,
+            resume=resume,
+            on_step=on_step,
+            on_start=display.learner_started,
+            republish=republish,
+            expire_groups=group_expiry,
+        )
+    finally:
+        stop.set()
+        await watcher
+
+
+async def _watch(supervisor: Supervisor, stop: asyncio.Event) -> None:
+    """Restart the children that die until `stop` is set; when one died too often, stop the
+    learner cleanly (checkpoint), as Ctrl-C does."""
+    await supervisor.watch(stop)
+    if supervisor.gave_up:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _stop_children(supervisor: Supervisor, run_dir: Path) -> None:
+    """Stop every child, layer by layer (the workers and Flower together, then vLLM, then
+    Redis), then remove this `up`'s record from the run folder, even if a stop failed."""
+    try:
+        supervisor.stop_all()
+    finally:
+        remove_record(run_dir)
 
 
 def _interrupt() -> NoReturn:
