@@ -50,6 +50,9 @@ the prepared weights, the same 128 instances each time):
 | 1   | 0.852  | 0.977 | 17 | 1 | 4 -> 0                  | 7.2e-05 | 1,362 (steps sharing the cores)     |
 | 2   | 0.852  | 0.969 | 19 | 4 | 4 -> 0                  | 0.0013  | 1,286 (the learner taking turns)    |
 
+On an AMD EPYC with AVX512-BF16 (bfloat16 serving and autocast), in `.ci/run`: 0.852 -> 1.000,
+b 19, c 0, format errors 3 -> 0, p 1.9e-06, 256 s.
+
 The best constant ('baqu') passes 1 of the 128; every instance is non-modal but that one. Most
 of the rise is not format: 4 answers had no answer span before, 17-19 went from wrong to right.
 Greedy decoding makes the measurement before training the same on every run (0.852): the noise
