@@ -121,6 +121,10 @@ class Completion(BaseModel):
     """Version of the weights that sampled it (the oldest, should a push happen mid-way)."""
     version_source: VersionSource
     """Where the version came from: the server's per-token labels, Redis, or neither (0)."""
+    weight_versions: list[int] = []
+    """The versions the server's spans name, in token order: two or more when a push came
+    mid-way and the completion went on under the new weights (`keep` pauses); empty where the
+    server labelled none."""
     server: str
     """The URL of the server that answered."""
 
@@ -174,6 +178,18 @@ def _version_of(spans: Any) -> int | None:
         return None  # "default": never pushed since the server started
 
 
+def _versions_of(spans: Any) -> list[int]:
+    """The policy versions a choice's spans name, in token order; a span labelled otherwise
+    ("default": never pushed since the server started) is left out."""
+    versions = []
+    for span in sorted(spans or [], key=lambda span: int(span["start"])):
+        try:
+            versions.append(int(span["version"]))
+        except (TypeError, ValueError):
+            continue
+    return versions
+
+
 def _checked(
     text: str | None,
     prompt_ids: Any,
@@ -182,6 +198,7 @@ def _checked(
     choice: Json,
     server: str,
     version: tuple[int, VersionSource],
+    weight_versions: list[int] | None = None,
 ) -> Completion:
     if not isinstance(prompt_ids, list) or not isinstance(token_ids, list):
         raise InferenceError(f"{server} returned no token ids (is return_token_ids supported?)")
@@ -198,6 +215,7 @@ def _checked(
         stop_reason=choice.get("stop_reason"),
         policy_version=version[0],
         version_source=version[1],
+        weight_versions=weight_versions or [],
         server=server,
     )
 
@@ -223,6 +241,7 @@ def parse_generate(body: Json, server: str, fallback: int | None) -> list[Comple
             _checked(
                 choice.get("text"), body.get("prompt_token_ids"), choice.get("token_ids"),
                 _content_logprobs(choice), choice, server, version,
+                _versions_of(choice.get("weight_versions")),
             )
         )  # fmt: skip
     return _nonempty(out, server)

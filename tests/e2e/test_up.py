@@ -74,6 +74,11 @@ UP_ENV = {
     # A generation group's admission takes minutes on two cores, while solver steps come about
     # a minute apart: its versions must still be trainable when it arrives.
     "EVOENV_LEARNER__MAX_STALENESS": "64",
+    # A proposal in flight when the server is killed is retried, and then took up to 796 s on
+    # two cores: past the default deadline (an hour) no group is settled within DEADLINE. With
+    # this one a group that does not arrive is expired within minutes (the deadline counts the
+    # servers' generating seconds only: with steps taken in turns about half the wall clock).
+    "EVOENV_LEARNER__GENERATION_DEADLINE": "180",
 }
 DEADLINE = 14 * 60
 """Seconds the run may take to reach everything `_watch` waits for."""

@@ -122,6 +122,8 @@ def test_parse_generate_takes_the_oldest_weight_version() -> None:
     # "default" (never pushed) is no policy version: the version read before the request.
     assert (first.policy_version, first.version_source) == (3, "redis")
     assert (second.policy_version, second.version_source) == (4, "server")
+    # the spans in token order: a push came after its first token
+    assert (first.weight_versions, second.weight_versions) == ([], [4, 5])
     assert second.prompt_token_ids == [1, 2, 3] and second.server == "http://s"
 
 
