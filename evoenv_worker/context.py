@@ -57,13 +57,18 @@ class WorkerContext:
             return self._archive
 
     def inference(self) -> InferenceClient:
-        """This process's client for the policy's vLLM servers (thread-safe)."""
+        """This process's client for the policy's vLLM servers (thread-safe); its requests'
+        timeouts leave out the seconds the servers spend paused."""
+        store = self.redis()
         with self._lock:
             if self._inference is None:
                 from evoenv_worker.generate import make_client
+                from shared.pauses import ServingClock
                 from shared.policy import read_version
 
-                self._inference = make_client(self.settings, lambda: read_version(self.redis()))
+                self._inference = make_client(
+                    self.settings, lambda: read_version(store), ServingClock(store)
+                )
             return self._inference
 
     def reviewer(self) -> InferenceClient:

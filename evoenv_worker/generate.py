@@ -6,6 +6,8 @@ version, so the trainer never re-tokenises text.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from shared.config import Settings
 from shared.inference import Completion, InferenceClient, Sampling
 from shared.messages import CompletionRecord, SolverJob
@@ -31,12 +33,20 @@ def complete_solver(client: InferenceClient, job: SolverJob) -> SolverJob:
     return job.model_copy(update={"completions": [record(c) for c in completions]})
 
 
-def make_client(settings: Settings, version_source: object | None = None) -> InferenceClient:
-    """The policy's client from settings (served model name: `settings.model`)."""
+def make_client(
+    settings: Settings,
+    version_source: Callable[[], int] | None = None,
+    serving_clock: Callable[[], float] | None = None,
+) -> InferenceClient:
+    """The policy's client from settings (served model name: `settings.model`). With
+    `serving_clock`, a request may take `worker.complete_time_limit` seconds on that clock
+    (paused seconds left out) and `worker.complete_wall_limit` seconds in all."""
     return InferenceClient(
         settings.vllm_urls,
         settings.model,
-        version_source=version_source,  # type: ignore[arg-type]
+        version_source=version_source,
         connect_timeout=settings.worker.connect_timeout,
         request_timeout=settings.worker.complete_time_limit,
+        serving_clock=serving_clock,
+        wall_timeout=settings.worker.complete_wall_limit,
     )

@@ -113,7 +113,9 @@ class WorkerSettings(BaseModel):
     grade_time_limit: float = Field(120.0, gt=0)
     """Hard time limit of a sample or grade job, in seconds."""
     complete_time_limit: float = Field(600.0, gt=0)
-    """Hard time limit of a complete job (vLLM completions), in seconds."""
+    """Seconds of generation a job of the generation queue (completions, proposals, reviews)
+    may wait for each answer of the model servers. Seconds the servers spend paused (a weight
+    push, a training step taken in turns) do not count, up to `complete_wall_limit`."""
     visibility_timeout: float = Field(900.0, gt=0)
     """Seconds before Redis hands an unacknowledged job to another worker; must exceed every hard
     time limit (a worker killed outright has its jobs redelivered after this)."""
@@ -123,6 +125,16 @@ class WorkerSettings(BaseModel):
     """Deliveries (first run, redeliveries, retries) after which a job goes to the dead letters."""
     connect_timeout: float = Field(5.0, gt=0)
     """Seconds to wait for Redis before saying it is unreachable."""
+
+    @property
+    def complete_wall_limit(self) -> float:
+        """Wall seconds a job of the generation queue may take, paused seconds included: the
+        hard time limit of those jobs. `complete_time_limit` plus 90 % of what the visibility
+        timeout leaves above it (870 s by default), so that the job ends before Redis would
+        hand it to another worker."""
+        return self.complete_time_limit + 0.9 * (
+            self.visibility_timeout - self.complete_time_limit
+        )
 
     @model_validator(mode="after")
     def _visibility_exceeds_limits(self) -> WorkerSettings:

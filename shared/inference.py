@@ -17,7 +17,10 @@ Two routes to a server, chosen per server:
   old, which only errs towards calling it stale.
 
 Failures: a connection error, a timeout or a 5xx answer is retried with backoff on the next
-server, at most `attempts` times in all, then raised as `ServiceUnavailable`. Any other
+server, at most `attempts` times in all, then raised as `ServiceUnavailable`. With a
+`serving_clock` (the workers': `shared.pauses.ServingClock`), a request's timeout counts
+seconds on that clock, so the seconds the servers spend paused by a push or a training step do
+not count, and `wall_timeout` bounds it on the wall clock. Any other
 answer that is not 200 raises `InferenceError` at once (the request itself is wrong: a prompt
 longer than the context, an unknown model name).
 """
@@ -25,6 +28,7 @@ longer than the context, an unknown model name).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import random
 import time
@@ -353,6 +357,31 @@ def _timeout(request_timeout: float, connect_timeout: float) -> httpx.Timeout:
     return httpx.Timeout(request_timeout, connect=connect_timeout, pool=request_timeout)
 
 
+POLL_SECONDS = 0.5
+"""How often a request timed on a serving clock looks at the clock."""
+
+
+def _within(
+    calls: concurrent.futures.Executor,
+    call: Callable[[], httpx.Response],
+    clock: Callable[[], float],
+    limit: float,
+) -> httpx.Response:
+    """`call()` (run in `calls`), given `limit` seconds of `clock`; `httpx.ReadTimeout` past them
+    (the request is abandoned: it ends at the client's wall timeout)."""
+    future = calls.submit(call)
+    start = clock()
+    while True:
+        try:
+            return future.result(timeout=POLL_SECONDS)
+        except concurrent.futures.TimeoutError:
+            if clock() - start > limit:
+                future.cancel()
+                raise httpx.ReadTimeout(
+                    f"no answer within {limit:g} s of generation (paused seconds left out)"
+                ) from None
+
+
 # ---------------------------------------------------------------------------------------------
 # The clients.
 
@@ -370,11 +399,24 @@ class InferenceClient:
         connect_timeout: float = 5.0,
         attempts: int = 4,
         backoff: float = 0.5,
+        serving_clock: Callable[[], float] | None = None,
+        wall_timeout: float | None = None,
     ) -> None:
+        """`request_timeout`: seconds a request may wait for its answer, on `serving_clock` if
+        one is given (seconds the servers are paused left out), else on the wall clock;
+        `wall_timeout` (with a clock): the most wall seconds it may take all the same."""
         self.model = model
         self.version_source = version_source
         self._balancer = _Balancer(list(urls), attempts, backoff)
-        self._http = httpx.Client(timeout=_timeout(request_timeout, connect_timeout))
+        self.request_timeout = request_timeout
+        self.serving_clock = serving_clock
+        wall = wall_timeout if serving_clock is not None and wall_timeout else request_timeout
+        self._http = httpx.Client(timeout=_timeout(max(wall, request_timeout), connect_timeout))
+        self._calls = (
+            concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="inference")
+            if serving_clock is not None
+            else None
+        )
 
     @property
     def urls(self) -> list[str]:
@@ -387,7 +429,20 @@ class InferenceClient:
         self.close()
 
     def close(self) -> None:
+        if self._calls is not None:
+            self._calls.shutdown(wait=False, cancel_futures=True)
         self._http.close()
+
+    def _post(self, url: str, body: Json) -> httpx.Response:
+        """POST `body`, timed on the serving clock where there is one."""
+        if self._calls is None or self.serving_clock is None:
+            return self._http.post(url, json=body)
+        return _within(
+            self._calls,
+            lambda: self._http.post(url, json=body),
+            self.serving_clock,
+            self.request_timeout,
+        )
 
     def wait_ready(self, timeout: float = 300.0) -> None:
         """Block until every server answers /health with 200; `ServiceUnavailable` after `timeout`."""
@@ -428,7 +483,7 @@ class InferenceClient:
                     result = self._via_tokens(url, path, body, version)
                     if result is not None:
                         return result
-                response = self._http.post(f"{url}{path}", json=body)
+                response = self._post(f"{url}{path}", body)
                 _status(response)
                 return parse(_json(response), url, version)
             except (httpx.TransportError, _Retryable) as exc:
@@ -444,9 +499,7 @@ class InferenceClient:
             self._balancer.routes[url] = "openai"
             return None
         _status(rendered)
-        response = self._http.post(
-            f"{url}/inference/v1/generate", json=generate_body(_json(rendered))
-        )
+        response = self._post(f"{url}/inference/v1/generate", generate_body(_json(rendered)))
         _status(response)
         return parse_generate(_json(response), url, version)
 

@@ -34,7 +34,9 @@ SOFT_LIMIT_SHARE = 0.9
 
 
 def time_limits(settings: Settings) -> dict[str, float]:
-    """Task name -> its hard time limit in seconds (`worker.*_time_limit`)."""
+    """Task name -> its hard time limit in seconds (`worker.*_time_limit`; the generation
+    queue's: `worker.complete_wall_limit`, since the seconds its requests spend frozen by a
+    pause of the servers do not count against `complete_time_limit`)."""
     w = settings.worker
     return {
         "evoenv.validate": w.validate_time_limit,
@@ -45,10 +47,10 @@ def time_limits(settings: Settings) -> dict[str, float]:
         "evoenv.constant_baseline": w.validate_time_limit,
         "evoenv.calibrate_sample": w.grade_time_limit,
         "evoenv.calibrate_grade": w.grade_time_limit,
-        "evoenv.complete": w.complete_time_limit,
-        "evoenv.propose": w.complete_time_limit,
-        "evoenv.review": w.complete_time_limit,
-        "evoenv.calibrate_complete": w.complete_time_limit,
+        "evoenv.complete": w.complete_wall_limit,
+        "evoenv.propose": w.complete_wall_limit,
+        "evoenv.review": w.complete_wall_limit,
+        "evoenv.calibrate_complete": w.complete_wall_limit,
     }
 
 

@@ -78,7 +78,10 @@ def test_the_client_sends_by_name_what_the_workers_app_would_send() -> None:
     for ours, theirs in zip(sent["learner"], sent["workers"], strict=True):
         assert ours == theirs
     propose, baseline, sample = sent["learner"]
-    assert propose["headers"]["timelimit"] == [555.0, 555.0 * 0.9]
+    # the generation queue's hard limit is its wall limit: 555 s plus 90 % of the 900 - 555 s
+    # the visibility timeout leaves (its requests' limit counts generating seconds only)
+    wall = 555.0 + 0.9 * (900.0 - 555.0)
+    assert propose["headers"]["timelimit"] == [wall, wall * 0.9]
     assert baseline["headers"]["timelimit"] == [222.0, 222.0 * 0.9]
     assert "Queue generation" in propose["options"]["queue"]
     assert "Queue grading" in baseline["options"]["queue"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -13,13 +14,15 @@ from shared.ports import free_port as free_port  # re-exported for the tests
 class FakeServer:
     """A tiny local HTTP server that answers each (method, path) with a set status and JSON.
 
-    Unlisted paths answer `default` (500 unless set). Every request is recorded in `hits`, its
-    path with the query string in `targets`.
+    Unlisted paths answer `default` (500 unless set); a path in `delays` answers after that
+    many seconds. Every request is recorded in `hits`, its path with the query string in
+    `targets`.
     """
 
     def __init__(self, default: int = 500) -> None:
         self.default = default
         self.routes: dict[tuple[str, str], tuple[int, Any]] = {}
+        self.delays: dict[str, float] = {}
         self.hits: list[tuple[str, str, Any]] = []
         self.targets: list[str] = []
         fake = self
@@ -32,6 +35,7 @@ class FakeServer:
                 fake.hits.append((self.command, path, json.loads(raw) if raw else None))
                 fake.targets.append(self.path)
                 status, body = fake.routes.get((self.command, path), (fake.default, {"error": "x"}))
+                time.sleep(fake.delays.get(path, 0.0))
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("content-type", "application/json")

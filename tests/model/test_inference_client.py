@@ -229,3 +229,51 @@ def test_async_client_same_behaviour(fake_server: FakeServer, dead_url: str) -> 
                 await broken.chat([{"role": "user", "content": "hi"}])
 
     asyncio.run(run())
+
+
+class StoppedClock:
+    """A serving clock the test stops and starts: it stands still while `paused`."""
+
+    def __init__(self) -> None:
+        self.paused = False
+        self._last = time.monotonic()
+        self._now = 0.0
+
+    def __call__(self) -> float:
+        now = time.monotonic()
+        if not self.paused:
+            self._now += now - self._last
+        self._last = now
+        return self._now
+
+
+def test_a_request_timed_on_the_serving_clock_leaves_paused_seconds_out(
+    fake_server: FakeServer,
+) -> None:
+    """The workers' requests: `request_timeout` counts generating seconds only, so a request
+    frozen by a push or a training step is not cut off; the wall timeout still bounds it."""
+    fake_server.routes[("POST", "/v1/chat/completions/render")] = (200, {"token_ids": [1, 2]})
+    fake_server.routes[("POST", "/inference/v1/generate")] = (200, GENERATE)
+    fake_server.delays["/inference/v1/generate"] = 1.2
+    clock = StoppedClock()
+    hi = [{"role": "user", "content": "hi"}]
+
+    def client(**timing: Any) -> InferenceClient:
+        return InferenceClient([fake_server.url], "m", attempts=1, backoff=0.01, **timing)
+
+    clock.paused = True  # paused for the whole answer: 0 s of generation
+    with client(request_timeout=0.5, serving_clock=clock, wall_timeout=5.0) as paused:
+        assert paused.chat(hi)[1].policy_version == 4
+    clock.paused = False  # the same request while the servers generate: past 0.5 s
+    with client(request_timeout=0.5, serving_clock=clock, wall_timeout=5.0) as running:
+        began = time.monotonic()
+        with pytest.raises(ServiceUnavailable, match=r"0\.5 s of generation"):
+            running.chat(hi)
+        assert time.monotonic() - began < 1.1, "it waited for the answer"
+    clock.paused = True  # paused, but past the wall timeout
+    walled = client(request_timeout=0.5, serving_clock=clock, wall_timeout=0.6)
+    with walled, pytest.raises(ServiceUnavailable, match="timed out"):
+        walled.chat(hi)
+    plain = client(request_timeout=0.5)  # without a clock: the wall clock, as before
+    with plain, pytest.raises(ServiceUnavailable):
+        plain.chat(hi)
