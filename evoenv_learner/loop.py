@@ -524,7 +524,7 @@ class Learner:
             await self.checkpoint()
             self._last_checkpoint = state.step
         if state.step % self.settings.learner.eval_every == 0:
-            result = await evaluate(self.settings, orchestrator, self.stop)
+            result = await evaluate(self.settings, orchestrator.solvers, self.stop)
             await asyncio.to_thread(self.metrics.eval, state.step, state.version, result)
         orchestrator.batch_trained()  # synchronous mode: its next round starts
 

@@ -85,7 +85,7 @@ def sending(o: Orchestrator, sent: list[str], result: Result) -> None:
         sent.append(job.group_id)
         return result
 
-    o.send_proposal = send_proposal  # type: ignore[method-assign]
+    o.proposals.send_proposal = send_proposal  # type: ignore[method-assign]
 
 
 async def run_for(o: Orchestrator, seconds: float) -> None:
@@ -218,8 +218,8 @@ def test_a_solver_group_that_cannot_arrive_frees_its_slot(how: str) -> None:
     limits = {"complete_time_limit": 0.01, "grade_time_limit": 0.01}
     o, _, _ = orchestrator(worker=limits)
     o.solver_in_flight["c"] = Result(ready=True, failed=True) if how == "failed" else Result()
-    o._sent_at["c"] = orchestrator_module.time.monotonic() - (0 if how == "failed" else 1.0)
-    o._reap()
+    o.solvers.sent_at["c"] = orchestrator_module.time.monotonic() - (0 if how == "failed" else 1.0)
+    o.solvers.reap()
     assert o.solver_in_flight == {}
 
 
@@ -238,7 +238,7 @@ def test_a_group_that_aged_while_queued_is_dropped_at_the_step() -> None:
 
 def test_synchronous_mode_replaces_groups_dropped_at_the_step() -> None:
     o, _, _ = orchestrator({"synchronous": True})
-    o.round_trained = 2
+    o.solvers.round_trained = 2
     o.dropped_at_step(1)
     assert o.round_trained == 1 and o._wake.is_set()
 
@@ -267,7 +267,7 @@ def test_the_serving_clock_stands_still_while_the_servers_are_paused(redis_url: 
 def test_a_generation_group_does_not_expire_while_the_servers_are_paused(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
     o, sent, expired = orchestrator({"generation_deadline": 0.1})
-    o.clock = pauses.ServingClock(client)
+    o.proposals.clock = pauses.ServingClock(client)
     sending(o, sent, Result())  # the group never arrives
     pauses.began(client)
     asyncio.run(run_for(o, 0.5))
