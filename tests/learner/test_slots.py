@@ -16,7 +16,13 @@ from structlog.testing import capture_logs
 
 from evoenv_learner import orchestrator as orchestrator_module
 from evoenv_learner.consumer import Dropped
-from evoenv_learner.loop import LearnerState, settle_dropped, settle_read, split_stale
+from evoenv_learner.loop import (
+    LearnerState,
+    _group_expiry,
+    settle_dropped,
+    settle_read,
+    split_stale,
+)
 from evoenv_learner.orchestrator import Orchestrator
 from evoenv_learner.pool import PoolEntry
 from shared import pauses
@@ -195,6 +201,30 @@ def test_a_group_that_completed_meanwhile_is_not_counted_expired() -> None:
     asyncio.run(run_for(o, 0.1))
     assert expired and len(sent) >= 2  # its slot is freed all the same
     assert "expired" not in o.funnel  # its own funnel counts when it is read
+
+
+@pytest.mark.parametrize("learner", [{}, {"synchronous": True}, {"generator_groups_in_flight": 0}])
+def test_a_learner_without_the_group_expiry_says_so_once_if_it_sends_generation_groups(
+    learner: dict[str, Any],
+) -> None:
+    """`python -m evoenv_learner` has no `expire_group`: only the slot of a lost group is freed."""
+    settings = Settings(learner=learner)
+    with capture_logs() as logs:
+        assert _group_expiry(settings, None, None, None) is None  # type: ignore[arg-type]
+    warned = [e for e in logs if e["event"] == "group_expiry_missing"]
+    sends = not learner
+    assert len(warned) == sends
+    if sends:
+        assert warned[0]["log_level"] == "warning" and "slot freed" in warned[0]["detail"]
+
+
+def test_the_group_expiry_handed_in_is_the_orchestrators() -> None:
+    def expire(group_id: str, why: str) -> bool:
+        return True
+
+    with capture_logs() as logs:
+        got = _group_expiry(Settings(), lambda *_: expire, None, None)  # type: ignore[arg-type]
+    assert got is expire and logs == []
 
 
 # ------------------------------------------------------------------------------ solver groups
