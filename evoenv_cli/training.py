@@ -151,8 +151,9 @@ def _evaluate_held_out(
     workers are missing or no instance was graded."""
     from evoenv_cli.cluster import redis_of_running_up
     from evoenv_learner import jobs
+    from evoenv_learner.dispatch import SolverDispatch
     from evoenv_learner.evaluate import evaluate as run_eval
-    from evoenv_learner.orchestrator import Orchestrator
+    from evoenv_learner.levels import LevelTracker
     from evoenv_learner.pool import Pool, seed_pool
     from evoenv_worker.app import configure
     from shared.db import Archive
@@ -160,7 +161,7 @@ def _evaluate_held_out(
 
     settings = redis_of_running_up(settings)
     _require_workers(settings, configure(settings))
-    jobs.configure(settings)  # the orchestrator sends the evaluation's jobs through it
+    jobs.configure(settings)  # the solver dispatch sends the evaluation's jobs through it
     archive = Archive(settings.archive_url)
     seed_pool(archive, settings.seeds_dir)
     pool = Pool(archive, settings.pool)
@@ -169,14 +170,11 @@ def _evaluate_held_out(
     if missing:
         raise UsageError(f"not in the pool: {', '.join(missing)}")
 
-    async def backlog() -> int:
-        return 0
-
-    orchestrator = Orchestrator(settings, pool, backlog)
+    solvers = SolverDispatch(settings, pool, LevelTracker(settings))
     result = asyncio.run(
         run_eval(
             settings,
-            orchestrator,
+            solvers,
             asyncio.Event(),
             members,
             difficulty,

@@ -1,8 +1,8 @@
 """`python -m evoenv_learner`: parse settings, configure logging, run the learner.
 
-Without the workers' code, a generation group past its deadline only frees its slot here (its
-record is not closed, its candidates not recorded as expired): `evoenv learner` is the full
-learner (`loop.GroupExpiry`)."""
+Without the workers' code, which the learner may not import, a generation group past its
+deadline only frees its slot here (its record is not closed, its candidates not recorded as
+expired), as a warning says at start: `evoenv learner` is the full learner (`loop.GroupExpiry`)."""
 
 from __future__ import annotations
 

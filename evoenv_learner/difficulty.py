@@ -17,7 +17,7 @@ need not be monotone: the search still terminates within the budget and answers 
 measured level.
 
 `DifficultySearch` is the pure step-by-step form: the asyncio orchestrator measures between
-steps (`Orchestrator.search_one`, one round = m fresh instances graded through the usual Celery
+steps (`ServingSearch.search_one`, one round = m fresh instances graded through the usual Celery
 chain) and records the result in the pool. `search_serving_difficulty` drives it with a
 synchronous measuring function.
 """

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from evoenv_learner.orchestrator import Orchestrator, chain_results
+from evoenv_learner.dispatch import SolverDispatch, chain_results
 from shared.config import Settings
 from shared.environment import EVAL_SEEDS
 from shared.messages import ConstantBaseline, ConstantJob, SolverJob
@@ -50,7 +50,7 @@ log = structlog.get_logger(__name__)
 
 async def evaluate(
     settings: Settings,
-    orchestrator: Orchestrator,
+    solvers: SolverDispatch,
     stop: asyncio.Event,
     entries: list[PoolEntry] | None = None,
     difficulty: int | None = None,
@@ -62,13 +62,13 @@ async def evaluate(
     members the learner trains on): the evaluation seeds from the `first`-th on; with
     `baseline`, the best constant answers and the per-instance records too (module doc)."""
     wanted = set(settings.learner.environments)
-    members = entries or [m for m in orchestrator.pool.members if not wanted or m.name in wanted]
+    members = entries or [m for m in solvers.pool.members if not wanted or m.name in wanted]
     n = instances or settings.learner.eval_instances
     level = difficulty or settings.learner.eval_difficulty
     jobs: list[tuple[PoolEntry, SolverJob]] = []
     for entry in members:
         for k in range(n):
-            job = orchestrator.solver_job(
+            job = solvers.solver_job(
                 entry,
                 run=f"{settings.run}-eval",
                 seed=EVAL_SEEDS.start + first + k,
@@ -77,7 +77,7 @@ async def evaluate(
                 temperature=0.0,
             )
             jobs.append((entry, job))
-    graded = await chain_results([orchestrator.send_chain(job) for _, job in jobs], stop)
+    graded = await chain_results([solvers.send_chain(job) for _, job in jobs], stop)
     records = counted(jobs, graded)
     passes = {name: [float(r["reward"] == 1.0) for r in rs] for name, rs in records.items()}
     out = summarise(passes)

@@ -166,7 +166,7 @@ async def run(
     beside this one: they get the model folder here and the steps through the trainer.
 
     `expire_groups` gives the orchestrator its `expire_group` (see `GroupExpiry`); without it
-    a generation group past its deadline only frees its slot."""
+    a generation group past its deadline only frees its slot, as a warning says at start."""
     learner = await build(
         settings,
         resume=resume,
@@ -267,7 +267,7 @@ async def build(
         pool,
         consumer.backlog,
         rng=rng,
-        expire_group=expire_groups(settings, sync_redis, archive) if expire_groups else None,
+        expire_group=_group_expiry(settings, expire_groups, sync_redis, archive),
         funnel=state.funnel,
         clock=ServingClock(sync_redis),
     )
@@ -292,6 +292,27 @@ async def build(
         republish=republish,
         queue=asyncio.Queue(maxsize=settings.grpo.batch_groups * 4),
     )
+
+
+def _group_expiry(
+    settings: Settings,
+    expire_groups: GroupExpiry | None,
+    sync_redis: redis.Redis,
+    archive: Archive,
+) -> Callable[[str, str], bool] | None:
+    """The orchestrator's `expire_group` from `expire_groups`; None without it, and then, if
+    generation groups are to be sent, one warning: the learner cannot import the workers' code
+    that expires a group (`python -m evoenv_learner` starts it so)."""
+    if expire_groups is not None:
+        return expire_groups(settings, sync_redis, archive)
+    if settings.learner.generator_groups_in_flight and not settings.learner.synchronous:
+        log.warning(
+            "group_expiry_missing",
+            detail="started without the workers' expire_group: a generation group that cannot "
+            "arrive only has its slot freed (its record stays open and its candidates' archive "
+            "records do not say it expired); `evoenv learner` runs the full learner",
+        )
+    return None
 
 
 async def _resume(
@@ -524,7 +545,7 @@ class Learner:
             await self.checkpoint()
             self._last_checkpoint = state.step
         if state.step % self.settings.learner.eval_every == 0:
-            result = await evaluate(self.settings, orchestrator, self.stop)
+            result = await evaluate(self.settings, orchestrator.solvers, self.stop)
             await asyncio.to_thread(self.metrics.eval, state.step, state.version, result)
         orchestrator.batch_trained()  # synchronous mode: its next round starts
 

@@ -313,7 +313,7 @@ class LearnerSettings(BaseModel):
     solver_draw: Literal["spread", "uniform"] = "spread"
     """How solver groups pick their environment (within the seed floor): `spread` favours the
     environments whose recent groups at their current level had reward spread, the only ones
-    GRPO learns from (`Orchestrator.draw_weight`); `uniform` draws every member alike."""
+    GRPO learns from (`LevelTracker.draw_weight`); `uniform` draws every member alike."""
     prompt_budget: int = Field(1536, ge=64)
     """Longest solver prompt served, in tokens; longer instances are served one level easier."""
     proposal_examples: int = Field(2, ge=1)

@@ -2,7 +2,8 @@
 TYPE_CHECKING). The worker and the learner import nothing from each other: the learner sends
 jobs by task name (`evoenv_learner/jobs.py`); the command (`evoenv_cli/`) is the one package
 that imports both. shared/ imports none of them, nor Celery or torch; `evoenv_model/` imports
-only shared/. Celery is imported by the workers' app and tasks and by the learner's client."""
+only shared/. Celery is imported by the workers' app and tasks and by the learner's client.
+And no function of these packages is over `MAX_FUNCTION_LINES` lines."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ FORBIDDEN = {
     "evoenv_learner": {"evoenv_worker", "evoenv_cli"},
     "evoenv_cli": set(),
 }
+MAX_FUNCTION_LINES = 100
+"""The most lines a function or method of a product package may span, from its `def` line to
+its last, docstring included (`end_lineno - lineno + 1`)."""
 CELERY_USERS = {
     "evoenv_worker/app.py",
     "evoenv_worker/tasks.py",
@@ -67,3 +71,15 @@ def test_celery_is_imported_only_by_the_workers_app_and_the_learners_client() ->
         if imports(file) & {"celery", "kombu"}
     }
     assert users == CELERY_USERS
+
+
+def test_no_function_is_over_the_length_limit() -> None:
+    long = [
+        f"{file.relative_to(REPO)}:{node.lineno} {node.name}: {length} lines"
+        for package in PACKAGES
+        for file in files(package)
+        for node in ast.walk(ast.parse(file.read_text("utf-8"), str(file)))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (length := (node.end_lineno or node.lineno) - node.lineno + 1) > MAX_FUNCTION_LINES
+    ]
+    assert not long

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from evoenv_learner import orchestrator as orchestrator_module
-from evoenv_learner.orchestrator import LEVEL_WINDOW, SPREAD_FLOOR, SPREAD_WINDOW, Orchestrator
+from evoenv_learner.levels import LEVEL_WINDOW, SPREAD_FLOOR, SPREAD_WINDOW
+from evoenv_learner.orchestrator import Orchestrator
 from evoenv_learner.pool import PoolEntry, draw
 from shared.config import Settings
 from shared.messages import SolverJob
@@ -99,7 +100,7 @@ def test_spread_draws_mostly_what_can_be_learned_and_uniform_does_not(mode: str)
         for _ in range(SPREAD_WINDOW):
             orchestrator.record_outcome(sha, 1, 1, 4, spread=spread)
     draws = 4000
-    share = sum(orchestrator._choose() is learnable for _ in range(draws)) / draws
+    share = sum(orchestrator.solvers.choose() is learnable for _ in range(draws)) / draws
     # weights 0.1 + 0.9 x 9/10 = 0.91 and 0.1 + 0.9 x 1/10 = 0.19: a share of 0.83 (sd 0.006)
     expected = 0.91 / (0.91 + 0.19) if mode == "spread" else 0.5
     assert abs(share - expected) < 0.03
@@ -141,7 +142,7 @@ def sending(learner: dict[str, Any]) -> tuple[Orchestrator, list[str]]:
         sent.append(job.group_id)
         return Pending()
 
-    orchestrator.send_chain = send_chain  # type: ignore[method-assign]
+    orchestrator.solvers.send_chain = send_chain  # type: ignore[method-assign]
     return orchestrator, sent
 
 

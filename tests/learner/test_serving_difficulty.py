@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from evoenv_learner.difficulty import nearest
-from evoenv_learner.orchestrator import LEVEL_WINDOW, Orchestrator
+from evoenv_learner.levels import LEVEL_WINDOW
+from evoenv_learner.orchestrator import Orchestrator
 from evoenv_learner.pool import Pool, PoolEntry
 from shared.config import Settings
 from shared.db import Archive, EnvironmentRow
@@ -225,7 +226,7 @@ def test_a_round_counts_passes_as_calibration_does(
     archive: Archive, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The code around the Celery chains: m jobs of one fresh training instance each, on the
-    `-serving` run; passes out of the instances counted (module doc of the orchestrator)."""
+    `-serving` run; passes out of the instances counted (`ServingSearch.measure_pass_rate`)."""
     orchestrator = learner(archive, run="r")
     outcomes: list[dict[str, Any] | None] = [
         {"rewards": [1.0]},
@@ -243,7 +244,7 @@ def test_a_round_counts_passes_as_calibration_does(
         sent.append(job)
         return FakeResult(outcomes[len(sent) - 1], polls=len(sent) % 3)
 
-    monkeypatch.setattr(orchestrator, "send_chain", send_chain)
+    monkeypatch.setattr(orchestrator.solvers, "send_chain", send_chain)
     hard = member(orchestrator, "hard")
     rate = asyncio.run(orchestrator.measure_pass_rate(hard, 7, asyncio.Event()))
     assert rate == 3 / 6

@@ -16,7 +16,13 @@ from structlog.testing import capture_logs
 
 from evoenv_learner import orchestrator as orchestrator_module
 from evoenv_learner.consumer import Dropped
-from evoenv_learner.loop import LearnerState, settle_dropped, settle_read, split_stale
+from evoenv_learner.loop import (
+    LearnerState,
+    _group_expiry,
+    settle_dropped,
+    settle_read,
+    split_stale,
+)
 from evoenv_learner.orchestrator import Orchestrator
 from evoenv_learner.pool import PoolEntry
 from shared import pauses
@@ -85,7 +91,7 @@ def sending(o: Orchestrator, sent: list[str], result: Result) -> None:
         sent.append(job.group_id)
         return result
 
-    o.send_proposal = send_proposal  # type: ignore[method-assign]
+    o.proposals.send_proposal = send_proposal  # type: ignore[method-assign]
 
 
 async def run_for(o: Orchestrator, seconds: float) -> None:
@@ -197,6 +203,30 @@ def test_a_group_that_completed_meanwhile_is_not_counted_expired() -> None:
     assert "expired" not in o.funnel  # its own funnel counts when it is read
 
 
+@pytest.mark.parametrize("learner", [{}, {"synchronous": True}, {"generator_groups_in_flight": 0}])
+def test_a_learner_without_the_group_expiry_says_so_once_if_it_sends_generation_groups(
+    learner: dict[str, Any],
+) -> None:
+    """`python -m evoenv_learner` has no `expire_group`: only the slot of a lost group is freed."""
+    settings = Settings(learner=learner)
+    with capture_logs() as logs:
+        assert _group_expiry(settings, None, None, None) is None  # type: ignore[arg-type]
+    warned = [e for e in logs if e["event"] == "group_expiry_missing"]
+    sends = not learner
+    assert len(warned) == sends
+    if sends:
+        assert warned[0]["log_level"] == "warning" and "slot freed" in warned[0]["detail"]
+
+
+def test_the_group_expiry_handed_in_is_the_orchestrators() -> None:
+    def expire(group_id: str, why: str) -> bool:
+        return True
+
+    with capture_logs() as logs:
+        got = _group_expiry(Settings(), lambda *_: expire, None, None)  # type: ignore[arg-type]
+    assert got is expire and logs == []
+
+
 # ------------------------------------------------------------------------------ solver groups
 
 
@@ -218,8 +248,8 @@ def test_a_solver_group_that_cannot_arrive_frees_its_slot(how: str) -> None:
     limits = {"complete_time_limit": 0.01, "grade_time_limit": 0.01}
     o, _, _ = orchestrator(worker=limits)
     o.solver_in_flight["c"] = Result(ready=True, failed=True) if how == "failed" else Result()
-    o._sent_at["c"] = orchestrator_module.time.monotonic() - (0 if how == "failed" else 1.0)
-    o._reap()
+    o.solvers.sent_at["c"] = orchestrator_module.time.monotonic() - (0 if how == "failed" else 1.0)
+    o.solvers.reap()
     assert o.solver_in_flight == {}
 
 
@@ -238,7 +268,7 @@ def test_a_group_that_aged_while_queued_is_dropped_at_the_step() -> None:
 
 def test_synchronous_mode_replaces_groups_dropped_at_the_step() -> None:
     o, _, _ = orchestrator({"synchronous": True})
-    o.round_trained = 2
+    o.solvers.round_trained = 2
     o.dropped_at_step(1)
     assert o.round_trained == 1 and o._wake.is_set()
 
@@ -267,7 +297,7 @@ def test_the_serving_clock_stands_still_while_the_servers_are_paused(redis_url: 
 def test_a_generation_group_does_not_expire_while_the_servers_are_paused(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
     o, sent, expired = orchestrator({"generation_deadline": 0.1})
-    o.clock = pauses.ServingClock(client)
+    o.proposals.clock = pauses.ServingClock(client)
     sending(o, sent, Result())  # the group never arrives
     pauses.began(client)
     asyncio.run(run_for(o, 0.5))
