@@ -1,7 +1,7 @@
 """The generator's reward (docs/DESIGN.md#the-generators-reward): pure functions, no I/O.
 
 `generator_reward` makes one candidate's reward from the first stage it failed: a fixed
-penalty before L5 passes, else `reward_pass` + Q (`quality`) + B (`novelty_bonus`, scaled by
+penalty for L1-L4 or L5, else `reward_pass` + Q (`quality`) + B (`novelty_bonus`, scaled by
 gamma from `RepetitionTracker`). Review verdicts never enter it.
 """
 
