@@ -1,10 +1,6 @@
 """How the learner expires a generation group, wired here because it joins the two sides: the
 workers' `generation.expire_group`, run in the learner's process on the learner's Redis client
-and archive (`evoenv_learner.loop.GroupExpiry`).
-
-Not a job: the learner decides at the deadline, atomically against a late completion, whether
-the group expired or completed first (and so whether its candidates count as expired), and it
-must decide even when no worker is running (a proposal that no worker took is what expires).
+and archive (`evoenv_learner.loop.GroupExpiry`). Why not a job: see `group_expiry`.
 """
 
 from __future__ import annotations
@@ -24,7 +20,13 @@ def group_expiry(
     settings: Settings, client: redis.Redis, archive: Archive
 ) -> Callable[[str, str], bool]:
     """The orchestrator's `expire_group`: finalise the run's generation group GROUP_ID as
-    expired for WHY; False if it completed first."""
+    expired for WHY; False if it completed first.
+
+    Not a job: the learner decides at the deadline, atomically against a late completion,
+    whether the group expired or completed first (and so whether its candidates count as
+    expired), and it must decide even when no worker is running (a proposal that no worker
+    took is what expires).
+    """
     from evoenv_worker.context import WorkerContext
     from evoenv_worker.generation import expire_group
 

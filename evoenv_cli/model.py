@@ -1,13 +1,4 @@
-"""`evoenv model prepare|list` and `evoenv serve`: the policy's weights and its vLLM server.
-
-To register (in evoenv_cli/__init__.py, beside `envs.register(app)`):
-
-    from evoenv_cli import model as model_cli
-    model_cli.register(app)
-
-(`register` does `app.add_typer(model_cli.app, name="model")` and
-`app.command("serve")(model_cli.serve)`.)
-"""
+"""`evoenv model prepare|list` and `evoenv serve`: the policy's weights and its vLLM server."""
 
 from __future__ import annotations
 
@@ -23,6 +14,7 @@ app = typer.Typer(help="The policy's weights: prepare the embedded model.", no_a
 
 
 def register(root: typer.Typer) -> None:
+    """Add `evoenv model ...` and `evoenv serve` to the root command (`evoenv_cli/__init__.py`)."""
     root.add_typer(app, name="model")
     root.command("serve")(serve)
 

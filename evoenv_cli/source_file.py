@@ -1,12 +1,4 @@
-"""Reading an environment file named on the command line (`validate`, `sample`, `pool add`).
-
-The path's type is checked first: anything but a regular file (missing, a directory, a FIFO,
-a device, a socket) or a file that cannot be opened (no permission) is a usage error, one line
-and exit 2. A FIFO is never opened, so nothing blocks waiting for a writer. A regular file is
-read up to the source size limit plus one byte, however large it is: a file over the limit is
-still a candidate that fails L1 (the extra byte shows it is too large), and no more than that
-is ever held in memory or sent to a queue.
-"""
+"""Reading an environment file named on the command line (`validate`, `sample`, `pool add`)."""
 
 from __future__ import annotations
 
@@ -28,7 +20,15 @@ _CHUNK = 1 << 16
 
 
 def read_source(path: Path, limit: int) -> bytes:
-    """At most `limit` + 1 bytes of the regular file at `path`; `UsageError` if it is none."""
+    """At most `limit` + 1 bytes of the regular file at `path`; `UsageError` if it is none.
+
+    The path's type is checked first: anything but a regular file (missing, a directory, a
+    FIFO, a device, a socket) or a file that cannot be opened (no permission) is a usage error,
+    one line and exit 2. A FIFO is never opened, so nothing blocks waiting for a writer. A
+    regular file is read up to `limit` plus one byte, however large it is: a file over the
+    limit is still a candidate that fails L1 (the extra byte shows it is too large), and no
+    more than that is ever held in memory or sent to a queue.
+    """
     try:
         kind = stat.S_IFMT(os.stat(path).st_mode)
     except OSError as exc:

@@ -1,20 +1,8 @@
 """Child processes of `evoenv up`: start them, restart the ones that die, stop them all.
 
-Each child runs in its own session (process group), with its output in RUN/logs/NAME.log;
-stopping sends SIGTERM to the whole group, then SIGKILL once its `grace` is over, so nothing
-is left behind (vLLM's engine and Celery's pool processes included). Descendants that left the
-group (a process that starts its own session) are tracked from /proc while the child lives
-and killed with it: otherwise a killed child's orphans can keep its port. A child that dies is
-restarted with a growing delay, at most `max_restarts` times.
-
-A child also stops when the supervising process dies without stopping it (`kill -9`, a
-crash): each is started under `setpriv --pdeathsig TERM` (Linux's parent-death signal, kept
-across exec), so no Redis, vLLM server or worker outlives `evoenv up`.
-
-`stop_all` stops the children layer by layer, the highest `layer` first (the workers before
-the services they use), and the children of one layer together: one after the other, a Ctrl-C
-of `evoenv up` took 41-54 s, the generation worker's whole 20 s grace (a vLLM request in
-flight) plus every other child's own stop.
+Each child runs in its own session with its output in RUN/logs/NAME.log, under a parent-death
+signal, so that nothing outlives `evoenv up` (see `Child`, `Supervisor`;
+docs/DESIGN.md#the-supervisor-in-evoenv-up).
 """
 
 from __future__ import annotations
@@ -41,6 +29,16 @@ STOP_GRACE = 20.0
 
 @dataclass
 class Child:
+    """One supervised process, in its own session (process group), its output in `log_path`.
+
+    Stopping sends SIGTERM to the whole group, then SIGKILL once its `grace` is over, so nothing
+    is left behind (vLLM's engine and Celery's pool processes included). Descendants that left
+    the group (a process that starts its own session) are tracked from /proc while the child
+    lives and killed with it: otherwise a killed child's orphans can keep its port. It also
+    stops when the supervising process dies without stopping it (`kill -9`, a crash): it is
+    started under `setpriv --pdeathsig TERM` (Linux's parent-death signal, kept across exec).
+    """
+
     name: str
     argv: list[str]
     env: dict[str, str]
@@ -116,6 +114,9 @@ class Child:
 
 @dataclass
 class Supervisor:
+    """The children of `evoenv up`; one that dies is restarted with a growing delay, at most
+    `max_restarts` times."""
+
     children: list[Child] = field(default_factory=list)
     max_restarts: int = 5
     events: list[str] = field(default_factory=list)
@@ -173,8 +174,10 @@ class Supervisor:
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
 
     def stop_all(self) -> None:
-        """Stop every child: layer by layer, highest first; within a layer all at once, each
-        given its `grace` from the layer's SIGTERM before SIGKILL."""
+        """Stop every child: layer by layer, highest first (the workers before the services
+        they use); within a layer all at once, each given its `grace` from the layer's SIGTERM
+        before SIGKILL. One after the other, a Ctrl-C of `evoenv up` took much longer
+        (docs/results.md#figures-behind-defaults)."""
         for layer in sorted({child.layer for child in self.children}, reverse=True):
             children = [child for child in self.children if child.layer == layer]
             for child in children:

@@ -1,12 +1,5 @@
 """What `evoenv up` shows: on a terminal, a live table; off one (a log file), one line a step
-and, until the first step, a progress line a minute.
-
-On two cores the first step can take half an hour (vLLM loads, then the first groups whose
-answers score differently are awaited), so the progress line says the run is alive and
-moving: `progress  elapsed 90s  in flight 4  tokens 812  judged 3`, never starting with
-"step" (a step's line does). In flight: solver and generator groups sent and not yet back;
-tokens: completion tokens in the groups the learner has read; judged: generated candidates
-that reached an admission verdict. All zero until the learner runs (while vLLM loads).
+and, until the first step, a progress line a minute (`Progress`, `progress_lines`).
 """
 
 from __future__ import annotations
@@ -28,7 +21,15 @@ PROGRESS_EVERY = 60.0
 
 @dataclass(frozen=True)
 class Progress:
-    """The run's counts before its first step, as the progress line and table row show them."""
+    """The run's counts before its first step, as the progress line and table row show them.
+
+    The first step can take half an hour on two cores (vLLM loads, then the first groups whose
+    answers score differently are awaited), so the progress line says the run is alive and
+    moving: `progress  elapsed 90s  in flight 4  tokens 812  judged 3`, never starting with
+    "step" (a step's line does). In flight: solver and generator groups sent and not yet back;
+    tokens: completion tokens in the groups the learner has read; judged: generated candidates
+    that reached an admission verdict. All zero until the learner runs (while vLLM loads).
+    """
 
     elapsed: float
     in_flight: int

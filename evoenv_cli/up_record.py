@@ -1,16 +1,8 @@
 """The record a running `evoenv up` keeps in its run folder, and how other commands find it.
 
-`evoenv up` starts a private Redis on a free port. Run in a second terminal, `evoenv status`
-and the other commands that read Redis would otherwise read the machine's default one: empty
-queues, a misleading all-zero view. So `up` writes `up.json` into its run folder once its
-Redis answers (its address, its pid, when it started) and removes it when it stops.
-
-A command finds the `up` of the same data folder and run by place: it looks in the run folder
-its own settings resolve to (`EVOENV_LEARNER__RUN_DIR`, or `EVOENV_DATA_DIR/runs/EVOENV_RUN`),
-which is where that `up` writes its checkpoints too. An explicitly set `EVOENV_REDIS_URL`
-wins over the record. A record whose process is gone, or whose Redis does not answer (a
-`kill -9`, a crash), is stale: ignored, with a one-line note. Every such command prints, on
-stderr (so that `--json` output stays parseable), one line saying which Redis it read and why.
+`evoenv up` starts a private Redis on a free port; without the record (`up.json`, see
+`write_record`), `evoenv status` and the other commands that read Redis would read the
+machine's default one: empty queues, a misleading all-zero view. See `choose_redis`.
 """
 
 from __future__ import annotations
@@ -54,7 +46,8 @@ class RedisChoice:
 
 def write_record(run_dir: Path, redis_url: str) -> Path:
     """Record this process as the running `up` of `run_dir`, readable by this user only (a
-    Redis address may carry a password); replaced whole, never seen half-written."""
+    Redis address may carry a password); replaced whole, never seen half-written. `up` writes
+    it once its Redis answers and removes it (`remove_record`) when it stops."""
     path = run_dir / RECORD_NAME
     record = UpRecord(redis_url, os.getpid(), datetime.now(UTC).isoformat(timespec="seconds"))
     partial = path.with_suffix(".partial")
@@ -139,7 +132,15 @@ def choose_redis(
     answers: Callable[[str], bool] = redis_answers,
 ) -> RedisChoice:
     """The Redis a command should read: an explicit `EVOENV_REDIS_URL`, else that of the
-    running `up` of the same run folder, else the default."""
+    running `up` of the same run folder, else the default.
+
+    A command finds the `up` of the same data folder and run by place: it looks in the run
+    folder its own settings resolve to (`EVOENV_LEARNER__RUN_DIR`, or
+    `EVOENV_DATA_DIR/runs/EVOENV_RUN`), which is where that `up` writes its checkpoints too. A
+    record whose process is gone, or whose Redis does not answer (a `kill -9`, a crash), is
+    stale: ignored, with a one-line note. The caller prints the choice's line on stderr (so
+    that `--json` output stays parseable): which Redis it read and why.
+    """
     record, note = live_record(settings.run_dir, alive, answers)
     of_up = f"the running `evoenv up` of {settings.run_dir}"
     if "redis_url" in settings.model_fields_set:

@@ -1,11 +1,8 @@
 """Checkpoint folders on disk: atomic writes, listing, and the RNG state they carry.
 
-A checkpoint is a folder `step-00000012/` under a root; `Trainer.save_checkpoint` fills it
-(`model/`, `optimizer.pt`, `rng.pt`, `state.json`) inside `atomic_dir`, which writes under a
-temporary name, fsyncs, then renames: a folder with a final name is always complete.
-Writers check the free space first (`require_space`) and turn a disk that fills up mid-write
-into `DiskFull` (`disk_full_as_error`): one line saying what did not fit, never a half-written
-folder.
+A checkpoint is a folder `step-00000012/` under a root (`model/`, `optimizer.pt`, `rng.pt`,
+`state.json`), filled by `Trainer.save_checkpoint` inside `atomic_dir`. Writers check the free
+space first (`require_space`); a disk that fills up mid-write is `DiskFull`, one line.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """The rollout consumer: reads graded groups from the run's stream with a consumer group.
 
-Exactly-once training over at-least-once delivery:
-
-- entries are read with XREADGROUP, so each is delivered to one consumer and stays *pending*
-  until acknowledged;
-- the learner acknowledges (XACK) and deletes (XDEL) an entry only once a checkpoint that
-  includes it is written: `take_for_checkpoint` hands the checkpoint the ids trained since the
-  last one, `acknowledge` is called after the checkpoint is on disk;
-- on resume, ids the checkpoint recorded but never acknowledged are acknowledged first (they
-  are in the weights already), then the consumer re-reads its own pending entries (read but
-  not in any checkpoint: the weights were rolled back, so training on them again is right);
-- entries left pending by a dead consumer for `claim_idle_ms` are reclaimed (XAUTOCLAIM);
-- groups older than `max_staleness` policy versions are dropped, counted and logged;
-- a dropped group (stale, or malformed but naming its group) is handed to the learner by
-  `take_dropped`, so that the slot it held in the orchestrator is freed.
+Exactly-once training over at-least-once delivery: an entry stays pending until a checkpoint
+that includes it is written (see `RolloutConsumer`;
+docs/DESIGN.md#the-rollout-stream-and-the-learner).
 """
 
 from __future__ import annotations
@@ -57,6 +46,25 @@ class Dropped:
 
 @dataclass
 class RolloutConsumer:
+    """Reads the run's rollout stream as one consumer of its consumer group.
+
+    Exactly-once training over at-least-once delivery:
+
+    - entries are read with XREADGROUP, so each is delivered to one consumer and stays
+      *pending* until acknowledged;
+    - the learner acknowledges (XACK) and deletes (XDEL) an entry only once a checkpoint that
+      includes it is written: `take_for_checkpoint` hands the checkpoint the ids trained since
+      the last one, `acknowledge` is called after the checkpoint is on disk;
+    - on resume, ids the checkpoint recorded but never acknowledged are acknowledged first
+      (they are in the weights already), then the consumer re-reads its own pending entries
+      (read but not in any checkpoint: the weights were rolled back, so training on them again
+      is right);
+    - entries left pending by a dead consumer for `claim_idle_ms` are reclaimed (XAUTOCLAIM);
+    - groups older than `max_staleness` policy versions are dropped, counted and logged;
+    - a dropped group (stale, or malformed but naming its group) is handed to the learner by
+      `take_dropped`, so that the slot it held in the orchestrator is freed.
+    """
+
     client: aioredis.Redis
     run: str
     consumer: str

@@ -1,25 +1,8 @@
 """The serving-difficulty search: the level whose solver pass rate is nearest the target.
 
-After admission, the orchestrator looks for the difficulty at which the current solver passes
-about a* = 0.3 of the instances, and serves the environment there (the admission gate and the
-generator's reward keep using the fixed calibration difficulty). Higher levels are assumed
-harder, so the pass rate is taken to fall as the level rises: a level that is too easy
-(rate above the target) sends the search up, one too hard sends it down. The search is a
-bisection over the integer levels, starting at the calibration difficulty, with at most
-`rounds` measurements (each one pass rate over m fresh instances, measured by the caller).
-It ends early when a level hits the target exactly or the bracket is empty; it then answers
-the measured level whose rate is nearest the target (ties: see `nearest`).
-
-A bracket of n levels is emptied in floor(log2 n) + 1 measurements: four for levels 1-10
-starting from the middle, so with that many rounds the answer is the true nearest level of a
-monotone curve. With fewer, it is the nearest of those measured. Measured rates are noisy and
-need not be monotone: the search still terminates within the budget and answers the nearest
-measured level.
-
-`DifficultySearch` is the pure step-by-step form: the asyncio orchestrator measures between
-steps (`ServingSearch.search_one`, one round = m fresh instances graded through the usual Celery
-chain) and records the result in the pool. `search_serving_difficulty` drives it with a
-synchronous measuring function.
+`DifficultySearch` is the pure step-by-step form, which the orchestrator drives between its
+measurements; `search_serving_difficulty` drives it with a synchronous measuring function.
+Where it fits: docs/DESIGN.md#solver-groups.
 """
 
 from __future__ import annotations
@@ -40,6 +23,25 @@ class DifficultySearch:
     """Bisection over [low, high] from `start`, at most `rounds` measurements.
 
     Loop: `level = search.next_level()`; if None, stop; measure; `search.report(level, rate)`.
+
+    After admission, the orchestrator looks for the difficulty at which the current solver
+    passes about a* = 0.3 of the instances, and serves the environment there (the admission
+    gate and the generator's reward keep using the fixed calibration difficulty). Higher levels
+    are assumed harder, so the pass rate is taken to fall as the level rises: a level that is
+    too easy (rate above the target) sends the search up, one too hard sends it down. The
+    search starts at the calibration difficulty; each measurement is one pass rate over m
+    fresh instances, measured by the caller. It ends early when a level hits the target
+    exactly or the bracket is empty; it then answers the measured level whose rate is nearest
+    the target (ties: see `nearest`).
+
+    A bracket of n levels is emptied in floor(log2 n) + 1 measurements: four for levels 1-10
+    starting from the middle, so with that many rounds the answer is the true nearest level of
+    a monotone curve. With fewer, it is the nearest of those measured. Measured rates are noisy
+    and need not be monotone: the search still terminates within the budget and answers the
+    nearest measured level.
+
+    The asyncio orchestrator measures between steps (`ServingSearch.search_one`, one round = m
+    fresh instances graded through the usual Celery chain) and records the result in the pool.
     """
 
     def __init__(self, low: int, high: int, start: int, *, target: float, rounds: int) -> None:

@@ -1,22 +1,7 @@
-"""Data-parallel training on several devices, started with torch's own launcher.
-
-    torchrun --nproc_per_node 4 --no-python evoenv learner --resume
-
-Rank 0 is the learner exactly as in one process: orchestrator, consumer, weight pushes,
-checkpoints, evaluation. Every other rank only trains: it holds a replica of the policy and
-carries out rank 0's commands (train on these groups, load this checkpoint, stop). In a step
-every rank builds the same sequences from the same groups, runs its share of the micro-batches
-(round robin), and the gradients are summed across ranks before clipping and the optimiser
-step, which every rank then takes on equal gradients: the replicas stay equal without weights
-ever being sent. The loss is normalised by the whole batch's token count on every rank, so a
-step equals the one-process step up to the order of floating-point sums.
-
-Gradients are summed with plain all-reduces after the backward passes rather than through
-DistributedDataParallel, whose per-backward hooks would deadlock when ranks run different
-numbers of micro-batches (a batch rarely divides evenly).
-
-Backend: NCCL with one GPU per rank (`cuda:LOCAL_RANK`), gloo on CPUs. Without the launcher's
-variables (WORLD_SIZE unset or 1) nothing here is used.
+"""Data-parallel training on several devices, started with torch's own launcher
+(`torchrun --nproc_per_node 4 --no-python evoenv learner --resume`). Rank 0 is the whole
+learner; every other rank only trains its share of each batch (see `DataParallel`). Without
+the launcher's variables (WORLD_SIZE unset or 1) nothing here is used.
 """
 
 from __future__ import annotations
@@ -39,7 +24,24 @@ BUCKET_ELEMENTS = 1 << 24
 
 @dataclass(frozen=True, slots=True)
 class DataParallel:
-    """This process's place in a data-parallel group started by torchrun."""
+    """This process's place in a data-parallel group started by torchrun.
+
+    Rank 0 is the learner exactly as in one process: orchestrator, consumer, weight pushes,
+    checkpoints, evaluation. Every other rank only trains: it holds a replica of the policy and
+    carries out rank 0's commands (train on these groups, load this checkpoint, stop). In a
+    step every rank builds the same sequences from the same groups, runs its share of the
+    micro-batches (round robin, `mine`), and the gradients are summed across ranks before
+    clipping and the optimiser step, which every rank then takes on equal gradients: the
+    replicas stay equal without weights ever being sent. The loss is normalised by the whole
+    batch's token count on every rank, so a step equals the one-process step up to the order
+    of floating-point sums.
+
+    Gradients are summed with plain all-reduces after the backward passes (`sum_gradients`)
+    rather than through DistributedDataParallel, whose per-backward hooks would deadlock when
+    ranks run different numbers of micro-batches (a batch rarely divides evenly).
+
+    Backend: NCCL with one GPU per rank (`cuda:LOCAL_RANK`), gloo on CPUs.
+    """
 
     rank: int
     world: int

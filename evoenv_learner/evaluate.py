@@ -1,30 +1,8 @@
 """Held-out evaluation: the served policy on instances from the evaluation seed range, which
-training never draws from. One completion per instance at temperature 0 (the policy's greedy
-answer), graded in the sandbox like any group, on a stream of its own (`RUN-eval`) so it never
-reaches training.
-
-Returns one dict (what `evoenv eval --json` prints); an instance counts when it has a reward,
-and passes when that reward is exactly 1.0:
-
-- `pass_rate`, `instances`, `ci_low`, `ci_high`: over all environments (95 % Wilson interval);
-- `pass_rate_NAME`: each environment's pass rate (flat, as the archive's eval rows and the
-  report have always read it);
-- `environments`: {NAME: {"pass_rate", "instances", "ci_low", "ci_high"}}, one object per
-  environment with counted instances, with its own 95 % Wilson interval.
-
-With `baseline` (`evoenv eval` sets it; the learner's periodic evaluation does not), each
-environment's object also holds the best constant answer (`shared/baseline.py`) on exactly the
-instances counted, found by one `constant_baseline` job in the sandbox, and the per-instance
-records it was found from; without it these two keys are absent (absent: not asked; None: asked
-but not found):
-
-- `best_constant`: {"answer": str, "score": float} (score: the share of the instances the
-  constant passes, as `pass_rate` counts the policy's), or None when the job failed;
-- `records`: one {"seed", "reward", "answer", "reference", "constant_reward"} per counted
-  instance, in seed order: the policy's reward and extracted answer text (None: no answer
-  span), the reference answer text and the best constant's reward (None when the job failed).
-  The instances the best constant does not pass (constant_reward != 1.0) are the non-modal
-  ones."""
+training never draws from. One greedy completion per instance, graded in the sandbox like any
+group, on a stream of its own (`RUN-eval`) so it never reaches training. What it returns: see
+`evaluate`.
+"""
 
 from __future__ import annotations
 
@@ -60,7 +38,33 @@ async def evaluate(
 ) -> dict[str, Any]:
     """Pass rate of the served policy on held-out instances of `entries` (default: the pool's
     members the learner trains on): the evaluation seeds from the `first`-th on; with
-    `baseline`, the best constant answers and the per-instance records too (module doc)."""
+    `baseline`, the best constant answers and the per-instance records too.
+
+    One completion per instance at temperature 0 (the policy's greedy answer). Returns one dict
+    (what `evoenv eval --json` prints); an instance counts when it has a reward, and passes
+    when that reward is exactly 1.0:
+
+    - `pass_rate`, `instances`, `ci_low`, `ci_high`: over all environments (95 % Wilson
+      interval);
+    - `pass_rate_NAME`: each environment's pass rate (flat, as the archive's eval rows and the
+      report have always read it);
+    - `environments`: {NAME: {"pass_rate", "instances", "ci_low", "ci_high"}}, one object per
+      environment with counted instances, with its own 95 % Wilson interval.
+
+    With `baseline` (`evoenv eval` sets it; the learner's periodic evaluation does not), each
+    environment's object also holds the best constant answer (`shared/baseline.py`) on exactly
+    the instances counted, found by one `constant_baseline` job in the sandbox, and the
+    per-instance records it was found from; without it these two keys are absent (absent: not
+    asked; None: asked but not found):
+
+    - `best_constant`: {"answer": str, "score": float} (score: the share of the instances the
+      constant passes, as `pass_rate` counts the policy's), or None when the job failed;
+    - `records`: one {"seed", "reward", "answer", "reference", "constant_reward"} per counted
+      instance, in seed order: the policy's reward and extracted answer text (None: no answer
+      span), the reference answer text and the best constant's reward (None when the job
+      failed). The instances the best constant does not pass (constant_reward != 1.0) are the
+      non-modal ones.
+    """
     wanted = set(settings.learner.environments)
     members = entries or [m for m in solvers.pool.members if not wanted or m.name in wanted]
     n = instances or settings.learner.eval_instances
@@ -114,8 +118,8 @@ def counted(
 async def with_baselines(
     jobs: list[tuple[PoolEntry, SolverJob]], records: dict[str, list[Record]], stop: asyncio.Event
 ) -> dict[str, Any]:
-    """{NAME: {"best_constant", "records"}} of every environment with counted instances (module
-    doc): one `constant_baseline` job each, all in flight together."""
+    """{NAME: {"best_constant", "records"}} of every environment with counted instances (see
+    `evaluate`): one `constant_baseline` job each, all in flight together."""
     from evoenv_learner.jobs import send as send_job
 
     first_jobs: dict[str, tuple[PoolEntry, SolverJob]] = {}

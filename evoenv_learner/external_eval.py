@@ -1,20 +1,8 @@
 """External evaluation: the served policy on reasoning-gym tasks, a yardstick nobody here wrote.
 
-reasoning-gym (pinned in pyproject.toml) is trusted library code: its generators and scorers run
-in this process, not in the sandbox, and need no network or data download. For each task:
-
-- instances: `reasoning_gym.create_dataset(task, size=n, seed=SEED)`. The seed is fixed, so
-  every run sees the same questions; the library seeds item i from `SEED + i`, so `-n 4` asks
-  the first four questions of `-n 16`;
-- the prompt: the question, then our answer instruction (`build_prompt`), as one user message;
-- the completion: one per instance from the served policy, greedy (temperature 0), at most
-  `grpo.max_tokens` tokens, many requests in flight across `vllm_urls`;
-- the grade: `extract_answer` (no `<answer>` span is a format error, score 0), then the dataset's
-  own `score_answer(answer, entry)`; a pass is a score of exactly 1.0.
-
-Returns the pass rate per task and overall (95 % Wilson interval on the overall one, as the
-held-out evaluation), the mean score (reasoning-gym gives partial credit) and format errors.
-A server that cannot be reached raises `ServiceUnavailable`; an unknown task `UsageError`.
+reasoning-gym (pinned in pyproject.toml) is trusted library code: its generators and scorers
+run in this process, not in the sandbox, and need no network or data download. The protocol
+is `evaluate_suite`'s.
 """
 
 from __future__ import annotations
@@ -186,7 +174,25 @@ async def evaluate_suite(
     n: int = 16,
     on_done: Callable[[Scored], None] | None = None,
 ) -> dict[str, Any]:
-    """The served policy on `n` reasoning-gym questions of each task, summarised."""
+    """The served policy on `n` reasoning-gym questions of each task, summarised.
+
+    For each task:
+
+    - instances: `reasoning_gym.create_dataset(task, size=n, seed=SEED)`. The seed is fixed, so
+      every run sees the same questions; the library seeds item i from `SEED + i`, so `-n 4`
+      asks the first four questions of `-n 16`;
+    - the prompt: the question, then our answer instruction (`build_prompt`), as one user
+      message;
+    - the completion: one per instance from the served policy, greedy (temperature 0), at most
+      `grpo.max_tokens` tokens, many requests in flight across `vllm_urls`;
+    - the grade: `extract_answer` (no `<answer>` span is a format error, score 0), then the
+      dataset's own `score_answer(answer, entry)`; a pass is a score of exactly 1.0.
+
+    Returns the pass rate per task and overall (95 % Wilson interval on the overall one, as the
+    held-out evaluation), the mean score (reasoning-gym gives partial credit) and format
+    errors. A server that cannot be reached raises `ServiceUnavailable`; an unknown task
+    `UsageError`.
+    """
     items = build_items(tasks, n)
     urls = await reachable(settings.vllm_urls, settings.worker.connect_timeout)
     sampling = Sampling(max_tokens=settings.grpo.max_tokens, temperature=0.0)

@@ -1,18 +1,6 @@
-"""Role-conditioned GRPO as pure tensor functions (docs/DESIGN.md#trainer).
-
-- `group_advantages`: rewards of one group -> one advantage per completion,
-  A_i = (r_i - mean(r)) / (std(r) + eps) over the group's valid rewards (population std),
-  times `generator_advantage_scale` for a generator group. An `env_error` member (reward None)
-  gets advantage 0 and is masked out of the loss; it never enters the mean or the std. A group
-  with no reward variance (or fewer than two valid rewards) carries no signal: None, skipped.
-- `token_logprobs`: log-probs of the target tokens under logits (already divided by the
-  temperature).
-- `grpo_loss`: token-level clipped importance ratios against the behaviour log-probs
-  (PPO with DAPO's clip-higher: the ratio is clipped to [1 - clip_low, 1 + clip_high]),
-  averaged over the batch's valid tokens (every token weighs the same, whatever its sequence's
-  length), plus an optional k3 estimate of the KL to a reference policy.
-
-Nothing here touches a model, a device or the settings object beyond reading numbers.
+"""Role-conditioned GRPO as pure tensor functions (docs/DESIGN.md#trainer): group advantages,
+token log-probs and the clipped loss. Nothing here touches a model, a device or the settings
+object beyond reading numbers.
 """
 
 from __future__ import annotations
@@ -48,7 +36,13 @@ def group_advantages(
     eps: float = ADVANTAGE_EPS,
 ) -> torch.Tensor | None:
     """One advantage per member (float32, shape [G]; 0 for `env_error` members), or None when
-    the group has no reward variance among its valid members and must be skipped."""
+    the group has no reward variance among its valid members and must be skipped.
+
+    A_i = (r_i - mean(r)) / (std(r) + eps) over the group's valid rewards (population std),
+    times `generator_advantage_scale` for a generator group. An `env_error` member (reward
+    None) is masked out of the loss and never enters the mean or the std. Fewer than two valid
+    rewards carry no signal either: None.
+    """
     valid = [float(reward) for reward in rewards if reward is not None]
     if len(valid) < 2:
         return None
@@ -67,6 +61,7 @@ def group_advantages(
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[target] at every position: logits [..., V], targets [...] -> [...].
+    The logits are already divided by the temperature.
 
     Computed in float32 as gather minus logsumexp, which never materialises a second
     vocabulary-sized tensor beside the logits.
@@ -109,7 +104,10 @@ def grpo_loss(
     *,
     num_tokens: float | None = None,
 ) -> tuple[torch.Tensor, LossMetrics]:
-    """The clipped-surrogate loss, to be minimised.
+    """The clipped-surrogate loss, to be minimised: token-level clipped importance ratios
+    against the behaviour log-probs (PPO with DAPO's clip-higher), averaged over the batch's
+    valid tokens (every token weighs the same, whatever its sequence's length), plus an
+    optional k3 estimate of the KL to a reference policy.
 
     Shapes: `new_logprobs`, `old_logprobs`, `mask` (and `ref_logprobs`) are [B, T];
     `advantages` is [B] (one per sequence) or [B, T]. Per token, with r = exp(new - old):

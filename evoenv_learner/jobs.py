@@ -1,14 +1,7 @@
 """The learner's Celery client: it sends jobs to the workers by task name, without their code.
 
 Importing this module connects to nothing and changes no global Celery state (its app is not
-the current one). The app is configured on first use: from the settings given to `configure`
-(the learner's entry points call it), else from the environment (`Settings()`). A job is sent
-as the workers' own app would send it: JSON to the queue of `shared.routes.ROUTES`, with the
-time limits of `shared.routes.time_limits`, and the same broker, result backend and connection
-settings (`shared.routes.common_conf`). Results are read as before, through the `AsyncResult`
-each send returns.
-
-This module and the workers' app are the only two that configure Celery.
+the current one). This module and the workers' app are the only two that configure Celery.
 """
 
 from __future__ import annotations
@@ -32,7 +25,12 @@ _lock = threading.Lock()
 
 
 def configure(settings: Settings) -> Celery:
-    """Point the client at the configured Redis (again, if called again); returns its app."""
+    """Point the client at the configured Redis (again, if called again); returns its app.
+
+    The learner's entry points call it; otherwise the app is configured on first use from the
+    environment (`Settings()`). The broker, result backend and connection settings are the
+    workers' own (`shared.routes.common_conf`).
+    """
     global _limits
     with _lock:
         app.conf.update(
@@ -72,7 +70,11 @@ def _options(name: str) -> dict[str, Any]:
 
 def send(name: str, *args: Any, **options: Any) -> AsyncResult:
     """Send one job of task `name` with positional `args`; its AsyncResult. `options` are
-    Celery's sending options (task_id, countdown, ...)."""
+    Celery's sending options (task_id, countdown, ...).
+
+    The job goes as the workers' own app would send it: JSON to the queue of
+    `shared.routes.ROUTES`, with the time limits of `shared.routes.time_limits`.
+    """
     return client().send_task(name, args=list(args), **(_options(name) | options))
 
 

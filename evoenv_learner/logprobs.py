@@ -1,14 +1,5 @@
-"""Per-token log-probs of sampled tokens through the LM head, one chunk of tokens at a time.
-
-A causal LM's logits are the largest tensor of a training step: tokens x vocabulary (152k for
-Qwen) in float32, and autograd keeps a few copies of them. For a micro-batch of four 1.5k-token
-generator completions that is ~3.7 GB per copy. Here the decoder's last hidden states at the
-completion positions go through the LM head in chunks of `chunk` tokens: the forward pass keeps
-only the per-token log-prob (and, for free, the entropy), and the backward pass recomputes each
-chunk's logits to form its gradient. Peak memory for the head is one chunk's logits, whatever
-the sequence length; the cost is one extra head matmul per token.
-
-log p(t) = z_t / T - logsumexp(z / T) with z = h W^T, so d log p / d z = (onehot(t) - softmax(z / T)) / T.
+"""Per-token log-probs of sampled tokens through the LM head, one chunk of tokens at a time, so
+that a training step never holds the whole batch's logits (see `_HeadLogprobs`).
 """
 
 from __future__ import annotations
@@ -22,6 +13,22 @@ LOGIT_CHUNK = 512
 
 
 class _HeadLogprobs(torch.autograd.Function):
+    """The LM head and the log-probs of the targets, chunk by chunk, with a backward pass that
+    recomputes each chunk's logits.
+
+    A causal LM's logits are the largest tensor of a training step: tokens x vocabulary (152k
+    for Qwen) in float32, and autograd keeps a few copies of them. For a micro-batch of four
+    1.5k-token generator completions that is ~3.7 GB per copy. Here the decoder's last hidden
+    states at the completion positions go through the LM head in chunks of `chunk` tokens: the
+    forward pass keeps only the per-token log-prob (and, for free, the entropy), and the
+    backward pass recomputes each chunk's logits to form its gradient. Peak memory for the head
+    is one chunk's logits, whatever the sequence length; the cost is one extra head matmul per
+    token.
+
+    log p(t) = z_t / T - logsumexp(z / T) with z = h W^T, so
+    d log p / d z = (onehot(t) - softmax(z / T)) / T.
+    """
+
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: Any,

@@ -1,26 +1,7 @@
-"""The learner: one asyncio process, its components in one TaskGroup joined by bounded queues.
-
-    orchestrator --Celery jobs--> workers --graded groups--> Redis stream
-    consumer (stream -> bounded queue) -> trainer (steps, pushes, checkpoints, evaluation)
-
-Torch work runs behind `asyncio.to_thread`. SIGTERM or SIGINT stops it cleanly: no new jobs
-are sent (jobs in flight finish on the workers and wait in the stream), the step in progress
-is dropped, a checkpoint is written, then the stream entries it includes are acknowledged.
-SIGHUP (its terminal closed) does the same, its terminal output going to /dev/null from then
-on, and so does a terminal that goes away without a SIGHUP reaching the learner; under
-`nohup` hangups stay ignored.
-`resume=True` continues from the last checkpoint: its weights are pushed to every server as
-version max(checkpoint, Redis) + 1, so a version number is never reused.
-
-Every group the orchestrator sent frees its slot whatever becomes of it: read and trained,
-skipped for no reward variance, dropped as stale or malformed where read (`intake.py`:
-`settle_read`, `settle_dropped`); a chain or proposal that fails or is lost is the
-orchestrator's to reap. Staleness (`learner.max_staleness`: versions between the policy that
-sampled a completion and the step that trains on it) is checked where a group is read and
-again at the step that would use it (`split_stale`): a group that aged past it while queued is
-dropped there, counted (`stale_at_step`) and logged with its version and the step's.
-
-`run` builds the parts (`build`: a `Learner`, whose methods are the tasks) and starts them.
+"""The learner: one asyncio process, its components in one TaskGroup joined by bounded queues
+(orchestrator -> workers -> stream -> consumer -> trainer); torch work runs behind
+`asyncio.to_thread`. `run` builds the parts (`build`: a `Learner`, whose methods are the tasks)
+and starts them. Slots, staleness and stopping: docs/DESIGN.md#the-rollout-stream-and-the-learner.
 """
 
 from __future__ import annotations
@@ -154,6 +135,22 @@ async def run(
     expire_groups: GroupExpiry | None = None,
 ) -> LearnerState:
     """Run the learner until `learner.steps` steps are done (0: until stopped).
+
+    SIGTERM or SIGINT stops it cleanly: no new jobs are sent (jobs in flight finish on the
+    workers and wait in the stream), the step in progress is dropped, a checkpoint is written,
+    then the stream entries it includes are acknowledged. SIGHUP (its terminal closed) does the
+    same, its terminal output going to /dev/null from then on, and so does a terminal that goes
+    away without a SIGHUP reaching the learner; under `nohup` hangups stay ignored. With
+    `resume`, it continues from the last checkpoint, whose weights are pushed to every server
+    as version max(checkpoint, Redis) + 1, so a version number is never reused.
+
+    Every group the orchestrator sent frees its slot whatever becomes of it: read and trained,
+    skipped for no reward variance, dropped as stale or malformed where read (`intake.py`:
+    `settle_read`, `settle_dropped`); a chain or proposal that fails or is lost is the
+    orchestrator's to reap. Staleness (`learner.max_staleness`: versions between the policy
+    that sampled a completion and the step that trains on it) is checked where a group is read
+    and again at the step that would use it (`intake.split_stale`): a group that aged past it
+    while queued is dropped there, counted (`stale_at_step`) and logged.
 
     `on_start` gets the learner's state once it runs (the model loaded, the checkpoint
     resumed); the loop updates that object in place from then on. `on_step` gets it after

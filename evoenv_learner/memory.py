@@ -1,10 +1,5 @@
-"""The learner's resident memory: measured, and handed back to the system between steps.
-
-A step allocates and frees gigabytes in pieces (activations, gradients, the bfloat16 copy of
-the weights written for each push). glibc keeps freed pieces under 32 MiB in its heaps, so
-the resident size of a learner on the embedded model grew from 11 to 14.6 GiB over three
-steps, beside a vLLM server on the same 24 GiB machine. `malloc_trim` returns those pages;
-elsewhere (no glibc) `release_memory` only collects garbage.
+"""The learner's resident memory: measured (`rss_gib`), and handed back to the system between
+steps (`release_memory`; why: docs/results.md#figures-behind-defaults).
 """
 
 from __future__ import annotations
@@ -31,7 +26,13 @@ _TRIM = _malloc_trim()
 
 
 def release_memory() -> None:
-    """Collect garbage, then give the heap's free pages back to the system (where glibc)."""
+    """Collect garbage, then give the heap's free pages back to the system (where glibc).
+
+    A step allocates and frees gigabytes in pieces (activations, gradients, the bfloat16 copy
+    of the weights written for each push), and glibc keeps freed pieces under 32 MiB in its
+    heaps, so the resident size grows step by step. `malloc_trim` returns those pages;
+    elsewhere (no glibc) this only collects garbage.
+    """
     gc.collect()
     if _TRIM is not None:
         _TRIM(0)

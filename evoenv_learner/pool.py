@@ -1,42 +1,8 @@
 """The pool: the environments the solver is trained on, backed by the archive.
 
-Members are the archive's environments with status `seed` or `admitted`. The pool keeps them
-in memory for sampling and re-reads the archive every `refresh_seconds` (or on `refresh()`),
-so environments admitted by other processes join it; every state change it makes itself is
-written to the archive first, in one transaction, and then applied to its memory.
-
-Sampling (`choose`) keeps the seeds' floor: with probability `seed_share` the draw is a seed,
-uniformly; otherwise it is uniform over every active member, seeds included. The seeds' share
-is then seed_share + (1 - seed_share) x S / N (S seeds among N members), never below
-seed_share whatever the pool's size, and exactly 1 when only seeds are left. With no seeds
-the draw is uniform over the members. Given a `weight`, each of the two draws is in
-proportion to it instead of uniform (the floor holds all the same).
-
-Rotation (`record_use`): an epoch of use is `epoch_instances` instances served (one solver
-group is one instance); an admitted environment retires once it has been used for
-`retire_after_epochs` epochs. Seeds never retire.
-
-Quarantine (`record_gradings`): once an admitted environment has `quarantine_min_gradings`
-gradings, an `env_error` rate above `quarantine_error_rate` sets its status to `quarantined`,
-flags it in its stats and logs `env_quarantined`. Seeds are never quarantined (that would
-break the floor); their env_errors are logged as `seed_env_errors`, a bug to look into.
-
-What the pool keeps in an environment's `stats` (other keys, such as the admission's
-calibration figures, are left as they are):
-
-    uses                 instances served
-    epochs               whole epochs of use (uses // epoch_instances)
-    gradings, env_errors graded completions, and how many of them were env_error
-    served               {difficulty: {"scored": n, "passes": n}}: non-env_error gradings
-                         and full-score ones per difficulty, when the caller reports them
-    serving_difficulty   the level the solver is served at (see `difficulty.py`)
-    serving_curve        {level: pass rate} of the last serving-difficulty search
-    pass_rate_history    the searches, oldest first: {"at", "level", "curve"} (last 50)
-    retired, quarantine  why and when the status changed
-
-Every update is a read-modify-write of one row in one transaction (`BEGIN IMMEDIATE` on
-SQLite, `SELECT ... FOR UPDATE` on PostgreSQL), so concurrent writers lose no count. The
-methods block on the database: the asyncio learner calls them through `asyncio.to_thread`.
+Members are the archive's environments with status `seed` or `admitted`; `Pool` keeps them in
+memory for sampling, with the seeds' floor, rotation and quarantine
+(docs/DESIGN.md#solver-groups, docs/CONTRACT.md#grades).
 """
 
 from __future__ import annotations
@@ -97,7 +63,46 @@ class PoolEntry:
 
 
 class Pool:
-    """The active environments, with the seed floor, rotation and quarantine (module doc)."""
+    """The active environments, with the seed floor, rotation and quarantine.
+
+    Members are the archive's environments with status `seed` or `admitted`. The pool keeps them
+    in memory for sampling and re-reads the archive every `refresh_seconds` (or on `refresh()`),
+    so environments admitted by other processes join it; every state change it makes itself is
+    written to the archive first, in one transaction, and then applied to its memory.
+
+    Sampling (`choose`) keeps the seeds' floor: with probability `seed_share` the draw is a seed,
+    uniformly; otherwise it is uniform over every active member, seeds included. The seeds' share
+    is then seed_share + (1 - seed_share) x S / N (S seeds among N members), never below
+    seed_share whatever the pool's size, and exactly 1 when only seeds are left. With no seeds
+    the draw is uniform over the members. Given a `weight`, each of the two draws is in
+    proportion to it instead of uniform (the floor holds all the same).
+
+    Rotation (`record_use`): an epoch of use is `epoch_instances` instances served (one solver
+    group is one instance); an admitted environment retires once it has been used for
+    `retire_after_epochs` epochs. Seeds never retire.
+
+    Quarantine (`record_gradings`): once an admitted environment has `quarantine_min_gradings`
+    gradings, an `env_error` rate above `quarantine_error_rate` sets its status to `quarantined`,
+    flags it in its stats and logs `env_quarantined`. Seeds are never quarantined (that would
+    break the floor); their env_errors are logged as `seed_env_errors`, a bug to look into.
+
+    What the pool keeps in an environment's `stats` (other keys, such as the admission's
+    calibration figures, are left as they are):
+
+        uses                 instances served
+        epochs               whole epochs of use (uses // epoch_instances)
+        gradings, env_errors graded completions, and how many of them were env_error
+        served               {difficulty: {"scored": n, "passes": n}}: non-env_error gradings
+                             and full-score ones per difficulty, when the caller reports them
+        serving_difficulty   the level the solver is served at (see `difficulty.py`)
+        serving_curve        {level: pass rate} of the last serving-difficulty search
+        pass_rate_history    the searches, oldest first: {"at", "level", "curve"} (last 50)
+        retired, quarantine  why and when the status changed
+
+    Every update is a read-modify-write of one row in one transaction (`BEGIN IMMEDIATE` on
+    SQLite, `SELECT ... FOR UPDATE` on PostgreSQL), so concurrent writers lose no count. The
+    methods block on the database: the asyncio learner calls them through `asyncio.to_thread`.
+    """
 
     def __init__(
         self,

@@ -1,27 +1,8 @@
 """Make the learner's new weights live on every vLLM server, then bump the policy version.
 
-One interface, `WeightPublisher.publish(model) -> version`, two mechanisms:
-
-- `ReloadPublisher` (portable; CPU and GPU): write the weights as safetensors to a folder the
-  servers can read, then on each server `POST /collective_rpc` `reload_weights`.
-- `NcclPublisher` (GPU fast path): broadcast the weights over NCCL through vLLM's
-  weight-transfer API (servers started with `--weight-transfer-config '{"backend":"nccl"}'`,
-  i.e. `EVOENV_SERVE__WEIGHT_PUSH=nccl`). UNTESTED where no GPU is present: written against
-  vLLM 0.32's `vllm.distributed.weight_transfer.nccl_engine`.
-
-The learner builds its publisher with `make_publisher`: `serve.weight_push`, the setting that
-starts the servers, chooses the mechanism for both.
-
-The push sequence (docs/DESIGN.md#policy-versions): pause every server (in-flight requests
-finish; new ones queue), load the new weights on each, reset its prefix cache and label its
-weights with the new version, bump the version in Redis once every server serves them, and
-resume every server. A step that fails is retried with backoff; a push that still fails puts
-the previous weights back on every server it touched (a half-done reload leaves a vLLM CPU
-server unable to run its model), resumes every server and raises `PushFailed`. The version in
-Redis then stays where it was.
-
-The publisher is synchronous (torch and HTTP); the asyncio learner calls it through
-`asyncio.to_thread`.
+One interface, `WeightPublisher.publish(model) -> version`, two mechanisms: `ReloadPublisher`
+(portable) and `NcclPublisher` (GPU, untested without one); `make_publisher` picks one by
+`serve.weight_push`. The push sequence and its failure rule: docs/DESIGN.md#policy-versions.
 """
 
 from __future__ import annotations
@@ -55,7 +36,10 @@ class PushFailed(EvoEnvError):
 
 
 class WeightPublisher(Protocol):
-    """Makes a model's current weights live on every server; returns the new policy version."""
+    """Makes a model's current weights live on every server; returns the new policy version.
+
+    Synchronous (torch and HTTP); the asyncio learner calls it through `asyncio.to_thread`.
+    """
 
     def publish(self, model: torch.nn.Module, version: int | None = None) -> int:
         """Push `model`'s weights as `version` (default: the version in Redis plus one)."""
@@ -287,10 +271,13 @@ class _Pusher:
 
 
 class ReloadPublisher(_Pusher):
-    """Portable mechanism: safetensors in a folder every server can read, then `reload_weights`.
+    """Portable mechanism (CPU and GPU): safetensors in a folder every server can read, then
+    `POST /collective_rpc` `reload_weights` on each server.
 
     `push_dir` holds one folder per version (the last `keep` are kept); `current` is the
-    folder the servers serve now (the prepared model at first), put back if a push fails.
+    folder the servers serve now (the prepared model at first), put back if a push fails on
+    every server the push touched: a half-done reload leaves a vLLM CPU server unable to run
+    its model.
     """
 
     def __init__(
@@ -377,11 +364,15 @@ class ReloadPublisher(_Pusher):
 class NcclPublisher(_Pusher):
     """GPU fast path: NCCL broadcast through vLLM 0.32's weight-transfer API.
 
-    UNTESTED without a GPU. Each server gets its own NCCL group (trainer rank 0, the server's
-    workers after it) on `master_port + index`, opened once at construction; `model` is the
-    training module whose parameters are streamed at each push (the same module object every
-    time). A failed broadcast leaves that server's group unusable: the push raises `PushFailed`
-    with every server resumed and the version unchanged, and the caller should fall back to a
+    Servers are started with `--weight-transfer-config '{"backend":"nccl"}'` (that is,
+    `EVOENV_SERVE__WEIGHT_PUSH=nccl`); written against vLLM 0.32's
+    `vllm.distributed.weight_transfer.nccl_engine`. UNTESTED without a GPU.
+
+    Each server gets its own NCCL group (trainer rank 0, the server's workers after it) on
+    `master_port + index`, opened once at construction; `model` is the training module whose
+    parameters are streamed at each push (the same module object every time). A failed
+    broadcast leaves that server's group unusable: the push raises `PushFailed` with every
+    server resumed and the version unchanged, and the caller should fall back to a
     `ReloadPublisher` from its last checkpoint.
     """
 

@@ -1,28 +1,7 @@
-"""The policy in torch and one GRPO optimiser step over graded groups.
+"""The policy in torch and one GRPO optimiser step over graded groups (`Trainer.step`).
 
-`Trainer.step(groups)` reads top to bottom: advantages per group (zero-variance groups skipped
-and counted) -> sequences (prompt_token_ids + token_ids as they came from the server, never
-re-tokenised; `env_error` completions left out) -> micro-batches, each a forward pass at the
-training temperature, the GRPO loss over completion tokens only, backward (gradients
-accumulate over the whole batch, the loss normalised by the batch's token count) -> gradient
-clipping -> one AdamW step.
-
-Precision: master weights in float32 by default; the passes run under bf16 autocast on CUDA
-and on a CPU with native bfloat16 (`grpo.compute_dtype` decides; float32 elsewhere).
-`param_dtype=torch.bfloat16` halves memory (on a CPU, too) at the cost of updates smaller than
-bf16's resolution being lost. Dropout is switched off: the importance ratios
-compare deterministic forward passes.
-
-Checkpoints are folders `step-00000012/` under a root, each holding `model/` (save_pretrained,
-with the tokenizer), `optimizer.pt`, `rng.pt` and `state.json` (step and the caller's `extra`).
-A folder is written under a temporary name, fsynced, then renamed: a folder with a final name
-is always complete (`checkpoints.py`). The last `keep` are kept.
-
-Synchronous throughout; the asyncio learner calls it through `asyncio.to_thread`.
-
-Data parallel (`parallel`, see `distributed.py`): rank 0's `step` and `load_checkpoint` first
-send the command to the other ranks, which run `follow()`; each rank runs its share of the
-micro-batches and the gradients and figures are summed across ranks before the optimiser step.
+Synchronous throughout; the asyncio learner calls it through `asyncio.to_thread`. What a step
+does: docs/DESIGN.md#trainer.
 """
 
 from __future__ import annotations
@@ -130,7 +109,19 @@ class Trainer:
 
     Setting `interrupt` (from any thread) abandons the step in progress at the next
     micro-batch with `StepInterrupted`: on a CPU a step takes minutes, and a person who asked
-    to stop should not wait for it. Ignored under data parallelism (the ranks would hang)."""
+    to stop should not wait for it. Ignored under data parallelism (the ranks would hang).
+
+    Precision: master weights in float32 by default; the passes run under bf16 autocast on
+    CUDA and on a CPU with native bfloat16 (`grpo.compute_dtype` decides; float32 elsewhere).
+    `param_dtype=torch.bfloat16` halves memory (on a CPU, too) at the cost of updates smaller
+    than bf16's resolution being lost. Dropout is switched off: the importance ratios compare
+    deterministic forward passes.
+
+    Data parallel (`parallel`, see `distributed.py`): rank 0's `step` and `load_checkpoint`
+    first send the command to the other ranks, which run `follow()`; each rank runs its share
+    of the micro-batches and the gradients and figures are summed across ranks before the
+    optimiser step.
+    """
 
     def __init__(
         self,
@@ -195,7 +186,15 @@ class Trainer:
     # ------------------------------------------------------------------------------ training
 
     def step(self, groups: Sequence[GradedGroup]) -> StepMetrics:
-        """One optimiser step over `groups` (gradient accumulation over micro-batches)."""
+        """One optimiser step over `groups` (gradient accumulation over micro-batches).
+
+        Top to bottom: advantages per group (zero-variance groups skipped and counted) ->
+        sequences (prompt_token_ids + token_ids as they came from the server, never
+        re-tokenised; `env_error` completions left out) -> micro-batches, each a forward pass at
+        the training temperature, the GRPO loss over completion tokens only, backward (gradients
+        accumulate over the whole batch, the loss normalised by the batch's token count) ->
+        gradient clipping -> one AdamW step.
+        """
         if self.parallel is not None and self.parallel.leader:
             self.parallel.broadcast(("step", list(groups)))
         return self._step(groups)
@@ -405,6 +404,11 @@ class Trainer:
         self, root: str | Path, extra: Mapping[str, Any] | None = None, *, keep: int = 3
     ) -> Path:
         """Write `root/step-NNNNNNNN/` atomically and keep the last `keep` checkpoints.
+
+        The folder holds `model/` (save_pretrained, with the tokenizer), `optimizer.pt`,
+        `rng.pt` and `state.json` (step and the caller's `extra`); it is written under a
+        temporary name, fsynced, then renamed (`checkpoints.atomic_dir`), so a folder with a
+        final name is always complete.
 
         `extra` is any JSON-serialisable dict (policy version, stream position, pool state);
         `load_checkpoint` gives it back."""

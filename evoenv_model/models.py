@@ -1,16 +1,5 @@
-"""The policy's weights on disk: embedded models that pip packages ship, made servable once.
-
-`prepare_model` turns the configured model into a folder that both vLLM and the learner load:
-bf16 safetensors, the tokenizer and its chat template. For an embedded model (see `EMBEDDED`)
-it reads the GGUF the pinned packages ship (joining byte chunks in order, straight from each
-package's data file: the packages are never imported), checks its sha256, dequantises it with
-transformers, copies the weights into a freshly built model of the same config (transformers
-refuses to `save_pretrained` a model loaded from GGUF) and saves that. A `manifest.json`
-records the source hash and the hash of every file written. The second call only checks the
-manifest and returns.
-
-`settings.model` may instead name a local Hugging Face folder (used as is) or a hub id
-(downloaded into the data directory, on machines that can reach a hub).
+"""The policy's weights on disk: embedded models that pip packages ship, made servable once
+(`prepare_model`), or a local Hugging Face folder or hub id (docs/DESIGN.md#models-and-servers).
 """
 
 from __future__ import annotations
@@ -136,7 +125,18 @@ def is_prepared(folder: Path) -> bool:
 
 
 def prepare_model(settings: Settings, *, force: bool = False) -> Path:
-    """Make the configured model's folder (once) and return its path."""
+    """Make the configured model's folder (once) and return its path.
+
+    The folder is what both vLLM and the learner load: bf16 safetensors, the tokenizer and its
+    chat template. For an embedded model (see `EMBEDDED`) it reads the GGUF the pinned packages
+    ship (joining byte chunks in order, straight from each package's data file: the packages
+    are never imported), checks its sha256, dequantises it with transformers, copies the
+    weights into a freshly built model of the same config (transformers refuses to
+    `save_pretrained` a model loaded from GGUF) and saves that. A `manifest.json` records the
+    source hash and the hash of every file written; the second call only checks the manifest
+    and returns. `settings.model` may instead name a local Hugging Face folder (used as is) or
+    a hub id (downloaded into the data directory, on machines that can reach a hub).
+    """
     folder = resolve_model_path(settings)
     embedded = EMBEDDED.get(settings.model)
     if embedded is None:

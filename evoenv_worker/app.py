@@ -1,11 +1,8 @@
 """The workers' `Celery()`, configured from settings by `configure`.
 
-Delivery is at least once (docs/DESIGN.md#failure-rules): late acknowledgement, a job whose
-worker process dies is handed back, prefetch of one, a Redis visibility timeout longer than
-every hard time limit, and JSON only. Jobs are routed by the resource they need: `generation`
-(vLLM, I/O), `validation` and `grading` (sandbox CPU); the routes, time limits and connection
-settings are `shared.routes`, which the learner's client (the only other `Celery()`) sends
-with.
+Delivery is at least once (docs/DESIGN.md#failure-rules). Routes, time limits and connection
+settings come from `shared.routes`, which the learner's client (the only other `Celery()`)
+sends with.
 """
 
 from __future__ import annotations

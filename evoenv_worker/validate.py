@@ -1,12 +1,7 @@
 """Validate one environment file: L1 to L5 in order, stopping at the first failure.
 
 `validate_source` is the plain function behind `evoenv validate` (local mode) and the
-`validate` task. A broken environment is a `rejected` report, never an exception: also when
-what it returned could not be used by a check (`EnvironmentOutputError`), which rejects it at
-the stage that was running, so crashing the validator never beats failing it. When the check
-itself cannot run (the sandbox cannot start or breaks down) or fails for a reason of the
-project's own (any other exception), the report says `error`, with the exception's type and
-message: never blamed on the file.
+`validate` task.
 """
 
 from __future__ import annotations
@@ -47,7 +42,15 @@ class SourceRunner:
 def validate_source(
     data: bytes, file: str, sandbox: Sandbox, settings: Settings, progress: Progress | None = None
 ) -> ValidationReport:
-    """Run L1-L5 on the bytes of one file; the report names the first failing stage."""
+    """Run L1-L5 on the bytes of one file; the report names the first failing stage.
+
+    A broken environment is a `rejected` report, never an exception: also when what it returned
+    could not be used by a check (`EnvironmentOutputError`), which rejects it at the stage that
+    was running, so crashing the validator never beats failing it. When the check itself cannot
+    run (the sandbox cannot start or breaks down) or fails for a reason of the project's own
+    (any other exception), the report says `error`, with the exception's type and message:
+    never blamed on the file.
+    """
     reports: list[StageReport] = []
     name: str | None = None
 

@@ -1,18 +1,8 @@
 """The best constant answer: what a policy that ignores the problem would score.
 
 A pass rate means little alone: on an environment whose answers are mostly the same text, a
-policy that always writes that text passes often. The baseline is the one answer text that,
-written for every instance, passes most of them, and that share:
-
-- equality oracle: the candidate is the most frequent reference answer text (ties: the
-  lexicographically smallest), since an equality scorer accepts little besides the reference;
-- feasibility oracle: any text may satisfy many instances, so the candidates are the distinct
-  reference texts and the distinct answers the policy gave, the `MAX_CANDIDATES` most frequent.
-
-The candidates' rewards come from the environment's own scorer, in the sandbox (the workers'
-`constant_baseline` job); this module only picks and is pure. A pass is a reward
-of exactly 1.0, as the held-out evaluation counts it. The *non-modal* instances are those the
-best constant does not pass.
+policy that always writes that text passes often. Pure: the workers' `constant_baseline` job
+scores the `candidates` in the sandbox, and `best_constant` picks.
 """
 
 from __future__ import annotations
@@ -57,8 +47,10 @@ def candidates(
 ) -> list[str]:
     """The texts worth scoring as a constant, in order of preference.
 
-    equality: the one most frequent reference text. feasibility: the distinct texts among
-    `references` and `answers` (the policy's), counted together, the `cap` most frequent."""
+    equality: the one most frequent reference text (ties: the lexicographically smallest),
+    since an equality scorer accepts little besides the reference. feasibility: any text may
+    satisfy many instances, so the distinct texts among `references` and `answers` (the
+    policy's), counted together, the `cap` most frequent."""
     if oracle == "equality":
         return _by_frequency(references)[:1]
     if oracle == "feasibility":
@@ -67,7 +59,9 @@ def candidates(
 
 
 def best_constant(texts: Sequence[str], rewards: Sequence[Sequence[float]]) -> Constant | None:
-    """The text of `texts` that passes the most instances; None when there is no text.
+    """The text of `texts` that passes the most instances, and that share; None when there is
+    no text. A pass is a reward of exactly 1.0, as the held-out evaluation counts it; the
+    *non-modal* instances are those the best constant does not pass (`Constant.non_modal`).
 
     `rewards[i][k]` is the reward of `texts[k]` on instance i. Among texts passing equally
     many, the earliest in `texts` wins (for `candidates`' order: the most frequent)."""

@@ -1,9 +1,8 @@
 """Settings, read from the environment once in an entry point and passed down.
 
-Every field is an `EVOENV_*` variable. Connection settings are flat (`EVOENV_REDIS_URL`,
-`EVOENV_DATABASE_URL`, `EVOENV_VLLM_URLS`, `EVOENV_MODEL`, `EVOENV_DATA_DIR`); groups are nested
-with a double underscore, e.g. `EVOENV_SANDBOX__OP_SECONDS=5`. Every field has a default that
-works on one machine with nothing configured.
+Every field is an `EVOENV_*` variable with a default that works on one machine with nothing
+configured. Connection settings are flat (`EVOENV_REDIS_URL`, `EVOENV_MODEL`, ...); groups are
+nested with a double underscore, e.g. `EVOENV_SANDBOX__OP_SECONDS=5` (docs/settings.md).
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
-"""The environment contract and what the framework does around it.
-
-An environment is one Python file defining exactly one subclass of `Environment` with four
-routines: `sample` (sampler), `solve` (oracle), `render` (renderer) and `score` (scorer), plus an
-optional `answer_text`. The framework, never the environment, does the rest, and it lives here:
-
-- seeding: an instance is named by (environment, seed, difficulty), see `make_rng`; training and
-  evaluation seeds come from disjoint ranges (`TRAIN_SEEDS`, `EVAL_SEEDS`);
-- the prompt: `render(instance)` followed by `ANSWER_INSTRUCTION`, see `build_prompt`;
-- answer extraction: the last `<answer>...</answer>` span after the last `</think>`, see
-  `extract_answer`;
-- grading outcomes: `scored`, `format_error` or `env_error`, see `Grade` and `grade_value`.
-
-This module uses the standard library only: it is bound into the sandbox, where environment
-code imports it as `from shared.environment import Environment`.
+"""The environment contract and what the framework does around it (docs/CONTRACT.md): the
+`Environment` base class, seeding (`make_rng`, `TRAIN_SEEDS`, `EVAL_SEEDS`), the prompt
+(`build_prompt`), answer extraction (`extract_answer`) and grade outcomes (`Grade`,
+`grade_value`). Standard library only: it is bound into the sandbox, where environment code
+imports it as `from shared.environment import Environment`.
 """
 
 from __future__ import annotations

@@ -1,25 +1,27 @@
-"""EvoEnv's exceptions, drawn once.
-
-    EvoEnvError
-    ├── SandboxUnavailable   the sandbox cannot start here (a missing tool, a kernel too old)
-    ├── SandboxFailure       the running sandbox broke down (not the environment's fault)
-    ├── ServiceUnavailable   Redis, the database or a model server cannot be reached
-    ├── PoolEmpty            the pool has nothing to sample (the seeds were never recorded?)
-    ├── DiskFull             a checkpoint or a weight push does not fit on the disk
-    ├── UsageError           bad input from a person: one line that says what to fix
-    └── EnvironmentOutputError  what an environment returned cannot be used by a check
-
-A broken *environment* is never an exception past the check that found it: it is a result (a
-failed stage with a reason, or an `env_error` grade). `EnvironmentOutputError` travels only
-from where a check reads an environment's output to the stage that ran it, which rejects the
-file there. Exceptions are for infrastructure, and only they are retried.
+"""EvoEnv's exceptions, drawn once in `EvoEnvError`'s docstring. Exceptions are for
+infrastructure; a broken environment is a result, not an exception (docs/DESIGN.md#failure-rules).
 """
 
 from __future__ import annotations
 
 
 class EvoEnvError(Exception):
-    """Base class of every error EvoEnv raises on purpose."""
+    """Base class of every error EvoEnv raises on purpose.
+
+        EvoEnvError
+        ├── SandboxUnavailable   the sandbox cannot start here (a missing tool, a kernel too old)
+        ├── SandboxFailure       the running sandbox broke down (not the environment's fault)
+        ├── ServiceUnavailable   Redis, the database or a model server cannot be reached
+        ├── PoolEmpty            the pool has nothing to sample (the seeds were never recorded?)
+        ├── DiskFull             a checkpoint or a weight push does not fit on the disk
+        ├── UsageError           bad input from a person: one line that says what to fix
+        └── EnvironmentOutputError  what an environment returned cannot be used by a check
+
+    A broken *environment* is never an exception past the check that found it: it is a result
+    (a failed stage with a reason, or an `env_error` grade). `EnvironmentOutputError` travels
+    only from where a check reads an environment's output to the stage that ran it, which
+    rejects the file there. Exceptions are for infrastructure, and only they are retried.
+    """
 
 
 class SandboxUnavailable(EvoEnvError):

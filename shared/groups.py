@@ -1,12 +1,5 @@
-"""Multi-job groups tracked by an explicit record in Redis, with a deadline (not a chord).
-
-A group (the G candidates of one generation group, or the stages of one candidate) is a hash:
-one field per member (`pending`, or its JSON result once done). Finishing a member and checking
-for completion is one Lua script, so exactly one caller sees the group complete. A member
-killed past its retries is finished as failed by whoever handles its failure, so the group
-still completes. A group that cannot complete in time (a member lost with no failure to
-handle) is closed by `expire` once the deadline its sender keeps has passed: from then on no
-finish completes it, and a late `open` finds it closed.
+"""Multi-job groups tracked by an explicit record in Redis, with a deadline (not a chord): the
+G candidates of one generation group, or the stages of one candidate (see `GroupTracker`).
 """
 
 from __future__ import annotations
@@ -50,6 +43,16 @@ return 0
 
 
 class GroupTracker:
+    """The group records of one run.
+
+    A group is a hash: one field per member (`pending`, or its JSON result once done).
+    Finishing a member and checking for completion is one Lua script, so exactly one caller
+    sees the group complete. A member killed past its retries is finished as failed by whoever
+    handles its failure, so the group still completes. A group that cannot complete in time (a
+    member lost with no failure to handle) is closed by `expire` once the deadline its sender
+    keeps has passed: from then on no finish completes it, and a late `open` finds it closed.
+    """
+
     def __init__(self, client: redis.Redis, run: str) -> None:
         self.client = client
         self.run = run

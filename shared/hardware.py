@@ -1,10 +1,5 @@
-"""Which floating-point type this machine computes fast in: the dtype choice for a CPU.
-
-A CPU runs bfloat16 fast only with native support (AMX or AVX512-BF16). Without it, vLLM's
-CPU build emulates it: on an AVX2-only EPYC it served 7.0 tokens/s in bfloat16 against 25.6 in
-float32 (8 requests in flight, two cores). So on a CPU the serving and training dtypes are
-bfloat16 where the processor has native support and float32 elsewhere; a GPU serves bfloat16.
-The flags are read once per process from /proc/cpuinfo.
+"""Which floating-point type this machine computes fast in: the dtype choice for a CPU
+(`cpu_dtype`, `serving_dtype`). The flags are read once per process from /proc/cpuinfo.
 """
 
 from __future__ import annotations
@@ -53,7 +48,13 @@ def native_bf16(flags: frozenset[str]) -> bool:
 
 
 def cpu_dtype(flags: frozenset[str]) -> Dtype:
-    """bfloat16 where the CPU computes it natively, float32 otherwise."""
+    """bfloat16 where the CPU computes it natively, float32 otherwise.
+
+    A CPU runs bfloat16 fast only with native support (AMX or AVX512-BF16); without it vLLM's
+    CPU build emulates it, several times slower than float32
+    (docs/results.md#figures-behind-defaults). This is the serving and the training dtype on a
+    CPU; a GPU serves bfloat16.
+    """
     return "bfloat16" if native_bf16(flags) else "float32"
 
 

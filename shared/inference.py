@@ -1,28 +1,7 @@
 """A small client for the policy's vLLM servers: chat and plain completions, sync and async.
 
-Every `Completion` carries what the trainer needs without re-tokenising: the text, the prompt
-and completion token ids, the log-prob of each completion token under the distribution it was
-actually sampled from (the server runs with `--logprobs-mode processed_logprobs`, so
-temperature, top-p and top-k are accounted for), the finish reason and the policy version.
-
-Two routes to a server, chosen per server:
-
-- Token route (servers started by `evoenv serve`, i.e. with `--enable-scale-out`): render the
-  request to token ids (`/v1/chat/completions/render`, `/v1/completions/render`), then
-  `/inference/v1/generate`, whose choices report the weight version that sampled every token.
-  A completion takes the oldest of them: an exact version.
-- OpenAI route (any other vLLM server): `/v1/chat/completions` or `/v1/completions` with
-  `return_token_ids` and `logprobs`; the policy version is the one `version_source` (Redis)
-  gave just before the request, so a request queued during a weight push is tagged one version
-  old, which only errs towards calling it stale.
-
-Failures: a connection error, a timeout or a 5xx answer is retried with backoff on the next
-server, at most `attempts` times in all, then raised as `ServiceUnavailable`. With a
-`serving_clock` (the workers': `shared.pauses.ServingClock`), a request's timeout counts
-seconds on that clock, so the seconds the servers spend paused by a push or a training step do
-not count, and `wall_timeout` bounds it on the wall clock. Any other
-answer that is not 200 raises `InferenceError` at once (the request itself is wrong: a prompt
-longer than the context, an unknown model name).
+Every `Completion` carries what the trainer needs without re-tokenising, its policy version
+included; the two routes to a server and the failure rules are `InferenceClient`'s.
 """
 
 from __future__ import annotations
@@ -106,7 +85,13 @@ class Sampling:
 
 
 class Completion(BaseModel):
-    """One sampled completion and everything the trainer needs to learn from it."""
+    """One sampled completion and everything the trainer needs to learn from it.
+
+    The text, the prompt and completion token ids, the log-prob of each completion token under
+    the distribution it was actually sampled from (the server runs with `--logprobs-mode
+    processed_logprobs`, so temperature, top-p and top-k are accounted for), the finish reason
+    and the policy version.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -387,7 +372,27 @@ def _within(
 
 
 class InferenceClient:
-    """Synchronous client (Celery workers, scripts). Use as a context manager, or `close()`."""
+    """Synchronous client (Celery workers, scripts). Use as a context manager, or `close()`.
+
+    Two routes to a server, chosen per server (both clients):
+
+    - Token route (servers started by `evoenv serve`, i.e. with `--enable-scale-out`): render
+      the request to token ids (`/v1/chat/completions/render`, `/v1/completions/render`), then
+      `/inference/v1/generate`, whose choices report the weight version that sampled every
+      token. A completion takes the oldest of them: an exact version.
+    - OpenAI route (any other vLLM server): `/v1/chat/completions` or `/v1/completions` with
+      `return_token_ids` and `logprobs`; the policy version is the one `version_source`
+      (Redis) gave just before the request, so a request queued during a weight push is tagged
+      one version old, which only errs towards calling it stale.
+
+    Failures: a connection error, a timeout or a 5xx answer is retried with backoff on the next
+    server, at most `attempts` times in all, then raised as `ServiceUnavailable`. With a
+    `serving_clock` (the workers': `shared.pauses.ServingClock`), a request's timeout counts
+    seconds on that clock, so the seconds the servers spend paused by a push or a training step
+    do not count, and `wall_timeout` bounds it on the wall clock. Any other answer that is not
+    200 raises `InferenceError` at once (the request itself is wrong: a prompt longer than the
+    context, an unknown model name).
+    """
 
     def __init__(
         self,
@@ -505,7 +510,8 @@ class InferenceClient:
 
 
 class AsyncInferenceClient:
-    """Asynchronous client (the learner's evaluation, many requests in flight)."""
+    """Asynchronous client (the learner's evaluation, many requests in flight); routes and
+    failures as `InferenceClient`'s."""
 
     def __init__(
         self,

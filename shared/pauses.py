@@ -1,10 +1,8 @@
 """Seconds the model servers spent paused, so that deadlines can leave them out.
 
 The publisher records every pause of the servers (a push, a training step taken in turns) in
-Redis: the total of the pauses that ended and the start of the one in progress. `ServingClock`
-is a clock that stands still while the servers are paused; a deadline measured on it does not
-run out because completions were frozen. Wall-clock seconds (`time.time()`), so that every
-process on every host reads the same clock.
+Redis: the total of the pauses that ended and the start of the one in progress. Wall-clock
+seconds (`time.time()`), so that every process on every host reads the same clock.
 """
 
 from __future__ import annotations
@@ -58,7 +56,8 @@ def paused_seconds(client: redis.Redis) -> float:
 
 
 class ServingClock:
-    """A clock in seconds that stands still while the servers are paused. Where Redis does not
+    """A clock in seconds that stands still while the servers are paused, so that a deadline
+    measured on it does not run out because completions were frozen. Where Redis does not
     answer it goes on with the paused seconds it last read (it never jumps forward)."""
 
     def __init__(self, client: redis.Redis) -> None:

@@ -1,13 +1,6 @@
 """The proposal prompt: a few pool members as complete example files, the contract in brief,
-and the request for one new environment file (about a named task, if asked).
-
-Examples are drawn at random, favouring the solver's frontier: members the solver solves
-sometimes but not always. A proposal tends to resemble its examples, and admission wants a pass
-rate strictly between 0 and 1 (docs/CONTRACT.md#calibration), so examples the solver never (or
-always) solves mostly breed candidates calibration rejects.
-
-Built by the learner's orchestrator; getting the code back out of a response is the workers'
-business.
+and the request for one new environment file (about a named task, if asked). Built by the
+learner's orchestrator; getting the code back out of a response is the workers' business.
 """
 
 from __future__ import annotations
@@ -131,7 +124,13 @@ class Example:
 
 def example_weight(example: Example) -> float:
     """How strongly `example` is favoured: 4a(1-a) for solve rate a (1 at a = 0.5, 0 at a = 0
-    or 1) above a small floor; a middling weight while the rate is unknown."""
+    or 1) above a small floor; a middling weight while the rate is unknown.
+
+    This favours the solver's frontier: members the solver solves sometimes but not always. A
+    proposal tends to resemble its examples, and admission wants a pass rate strictly between
+    0 and 1 (docs/CONTRACT.md#calibration), so examples the solver never (or always) solves
+    mostly breed candidates calibration rejects.
+    """
     if example.solve_rate is None:
         return UNKNOWN_WEIGHT
     a = example.solve_rate
@@ -140,7 +139,7 @@ def example_weight(example: Example) -> float:
 
 def choose_examples(pool: Sequence[Example], k: int, rng: random.Random) -> list[Example]:
     """Up to `k` distinct examples drawn without replacement with `example_weight`, a kind
-    already drawn weighing `SAME_KIND_FACTOR` as much (module doc)."""
+    already drawn weighing `SAME_KIND_FACTOR` as much."""
     left = list(pool)
     chosen: list[Example] = []
     while left and len(chosen) < k:

@@ -1,23 +1,8 @@
 """The generator's reward (docs/DESIGN.md#the-generators-reward): pure functions, no I/O.
 
-| candidate          | reward                                     |
-| ------------------ | ------------------------------------------ |
-| fails L1-L4        | `reward_fail_static` (-1.0)                |
-| fails L5           | `reward_fail_scorer` (-0.5)                |
-| passes L1-L5       | `reward_pass` (1.0) + Q + B, whatever review decides |
-
-- Q = exp(-(a - a*)^2 / (2 w^2)), a the calibration pass rate, a* = `target_pass_rate` (0.3),
-  w = `quality_width` (0.2). Q is computed even when a is 0 or 1: that bars admission but
-  still tells the generator how far off it was.
-- B = `bonus_scale` x gamma x clip((high - s) / (high - low), 0, 1), s the novelty similarity,
-  (low, high) = `bonus_band` (0.45, 0.65).
-- gamma moves linearly across `gamma_range` (2 to 5) as the repetitiveness of the last
-  `repetition_window` generation groups (the mean pairwise similarity of the candidates within
-  each group, averaged over the groups) moves across `repetition_range` (0.3 to 0.7), clipped.
-
-A stage that could not produce its figure (calibration or novelty lost to an infrastructure
-failure: `pass_rate` or `similarity` is None) adds nothing to the reward; the parts record it
-as None. Review verdicts never enter the reward.
+`generator_reward` makes one candidate's reward from the first stage it failed: a fixed
+penalty for L1-L4 or L5, else `reward_pass` + Q (`quality`) + B (`novelty_bonus`, scaled by
+gamma from `RepetitionTracker`). Review verdicts never enter it.
 """
 
 from __future__ import annotations
@@ -60,7 +45,10 @@ class RewardParts(BaseModel):
 
 
 def quality(a: float, settings: AdmissionSettings) -> float:
-    """Q = exp(-(a - a*)^2 / (2 w^2)): 1.0 at the target pass rate, smaller away from it."""
+    """Q = exp(-(a - a*)^2 / (2 w^2)): 1.0 at the target pass rate, smaller away from it.
+
+    Computed even when a is 0 or 1: that bars admission but still tells the generator how far
+    off it was."""
     width = settings.quality_width
     return math.exp(-((a - settings.target_pass_rate) ** 2) / (2.0 * width * width))
 
@@ -99,7 +87,9 @@ def generator_reward(
 
     `pass_rate` and `similarity` are the calibration and novelty figures; they are only used
     when the candidate passed L1-L5 (review, calibration or novelty may still have rejected it:
-    the reward ignores that). Raises ValueError for a stage name the contract does not know.
+    the reward ignores that). A figure that is None (calibration or novelty lost to an
+    infrastructure failure) adds nothing; the parts record it as None. Raises ValueError for a
+    stage name the contract does not know.
     """
     if failed_stage in STATIC_STAGES:
         return RewardParts(

@@ -1,10 +1,7 @@
 """How jobs travel between the learner and the workers, in one place for both ends: each task's
-queue and time limits, and the Celery settings that the workers' Celery app and the learner's
-client share. Plain values only: nothing in shared/ imports Celery.
-
-Jobs are routed by the resource they need: `generation` (vLLM, I/O), `validation` and
-`grading` (sandbox CPU). Delivery is at least once (docs/DESIGN.md#failure-rules): a Redis
-visibility timeout longer than every hard time limit, and JSON only.
+queue (`ROUTES`, by the resource it needs) and time limits, and the Celery settings that the
+workers' Celery app and the learner's client share. Plain values only: nothing in shared/
+imports Celery. Delivery rules: docs/DESIGN.md#failure-rules.
 """
 
 from __future__ import annotations

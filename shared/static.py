@@ -1,10 +1,6 @@
-"""L1, the static stage: what can be told from the source without running it.
-
-The file is non-empty UTF-8 of at most 64 KiB and parses; exactly one class derives from
-`Environment` (directly or through other classes of the file); the four routines are defined;
-`name` is a snake_case string; only allowlisted modules are imported; no forbidden name,
-dunder attribute (other than `__init__`) or `global` statement appears. Module-level mutable
-state cannot be told apart statically from constants: L3 catches state carried across calls.
+"""L1, the static stage: what can be told from the source without running it, as
+docs/CONTRACT.md#l1-static lists it (`check_static`). Module-level mutable state cannot be
+told apart statically from constants: L3 catches state carried across calls.
 """
 
 from __future__ import annotations

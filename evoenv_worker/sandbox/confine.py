@@ -1,48 +1,8 @@
-"""Confinement the fork server applies to itself and to each child, from inside the sandbox.
-
-Standard library only (ctypes for the syscalls): this file is bound into the sandbox beside
-`runner.py`. The host imports it too, for `landlock_abi`, `seccomp_available` and the layout
-constants, which `launch.py` shares with it.
-
-Two calls, in this order, both irreversible:
-
-- `confine_server()`, once in the fork server before it serves anything: sets no_new_privs,
-  makes the process undumpable, sets a 1 MiB default thread stack, and enters a Landlock
-  domain in which the filesystem is read-only on the system library dirs, the Python install,
-  the project files on `sys.path` and three harmless devices; writable only in `SCRATCH` and
-  on /dev/null; TCP bind and connect are refused; signals and abstract unix sockets cannot
-  leave the domain. It also builds what every child will load, once: the ruleset of the
-  children's Landlock domain (an open descriptor, inherited by each fork) and the seccomp
-  filter. Being undumpable is inherited by each fork too.
-- `confine_child()`, in each forked child before it runs anything of the request (after
-  closing every descriptor but its own pipes and `child_fds()`): a nested Landlock domain that
-  allows no writes at all (save /dev/null) and scopes signals and abstract sockets to the
-  child, so `kill(-1)` or `kill(getppid())` cannot reach the server (the child closes its copy
-  of the ruleset's descriptor once it is in); then the seccomp filter, which makes process
-  creation (fork, vfork, clone without CLONE_THREAD; clone3 gives ENOSYS so glibc falls back
-  to clone for threads), exec, socket creation, ptrace, namespaces and mounts, keyrings, SysV
-  and POSIX message-queue IPC, io_uring, bpf, perf, changing the limits or priority of another
-  process and the privileged administration calls fail with EPERM, and kills the process on a
-  foreign syscall ABI (i386, x32).
-
-`status()` says what was applied; the server sends it in its greeting.
-
-What this does NOT protect against:
-
-- Kernel bugs. Every syscall the filter allows (read, mmap, futex, ...) is attack surface; a
-  kernel exploit escapes all of this.
-- Anything readable inside the sandbox: /usr, the Python install and the two project files
-  are bound read-only and readable by environment code. Put no secret there.
-- CPU and memory pressure within the limits: a child may use every core and its whole
-  address-space limit until its wall-clock timeout; side channels (timing, Spectre) remain.
-- A child forging the results of its own request (it is the code being judged).
-- Leftovers of earlier requests in the fork server's memory: each child starts as a copy of
-  the server, whose freed buffers may still hold earlier sources, instances and answers; a
-  child can read them (and, say, put them into its own prompt). Nothing is written back.
-- Host facts visible from inside: the kernel version, CPU model, what /usr holds.
-- Architectures other than x86_64: the filter is written for x86_64 only and refuses to load
-  elsewhere (so the sandbox refuses to start there).
-- The unconfined mode (`allow_unconfined`): nothing here is applied in it.
+"""Confinement the fork server applies to itself (`confine_server`) and to each child
+(`confine_child`), from inside the sandbox. Standard library only (ctypes for the syscalls):
+bound into the sandbox beside `runner.py`; the host imports it too, for `landlock_abi`,
+`seccomp_available` and the layout constants, which `launch.py` shares with it. What it does
+not protect against: docs/SANDBOX.md#what-it-does-not-protect-against.
 """
 
 from __future__ import annotations
@@ -191,7 +151,17 @@ _filter: tuple[ctypes.Array[ctypes.c_char], _SockFprog] | None = None
 
 
 def confine_server() -> None:
-    """Confine the fork server (see the module docstring); raise `ConfinementError` if unable."""
+    """Confine the fork server, once, before it serves anything; raise `ConfinementError` if
+    unable. Irreversible, and the first of the two calls (`confine_child` is the second).
+
+    Sets no_new_privs, makes the process undumpable (inherited by each fork), sets a 1 MiB
+    default thread stack, and enters a Landlock domain in which the filesystem is read-only on
+    the system library dirs, the Python install, the project files on `sys.path` and three
+    harmless devices; writable only in `SCRATCH` and on /dev/null; TCP bind and connect are
+    refused; signals and abstract unix sockets cannot leave the domain. It also builds, once,
+    what every child will load: the ruleset of the children's Landlock domain (an open
+    descriptor, inherited by each fork) and the seccomp filter.
+    """
     global _filter
     if os.geteuid() == 0 or os.getuid() == 0:
         raise ConfinementError("refusing to confine as root: drop to an unprivileged uid first")
@@ -210,7 +180,18 @@ def confine_server() -> None:
 
 def confine_child() -> None:
     """Confine a forked child further: nested Landlock domain, then the seccomp filter. The
-    child's copy of the ruleset descriptor is closed; it keeps its other descriptors."""
+    child's copy of the ruleset descriptor is closed; it keeps its other descriptors.
+
+    Called in each child before it runs anything of the request, after closing every descriptor
+    but its own pipes and `child_fds()`; irreversible. The nested domain allows no writes at
+    all (save /dev/null) and scopes signals and abstract sockets to the child, so `kill(-1)` or
+    `kill(getppid())` cannot reach the server. The seccomp filter makes process creation (fork,
+    vfork, clone without CLONE_THREAD; clone3 gives ENOSYS so glibc falls back to clone for
+    threads), exec, socket creation, ptrace, namespaces and mounts, keyrings, SysV and POSIX
+    message-queue IPC, io_uring, bpf, perf, changing the limits or priority of another process
+    and the privileged administration calls fail with EPERM, and kills the process on a foreign
+    syscall ABI (i386, x32).
+    """
     if not _state["landlock"] or _filter is None:
         raise ConfinementError("confine_child() needs confine_server() first")
     _restrict_self(_state["child_ruleset"])
@@ -227,7 +208,8 @@ def child_fds() -> tuple[int, ...]:
 
 
 def status() -> dict[str, Any]:
-    """What is applied: the server's Landlock domain and whether children get the filter."""
+    """What is applied: the server's Landlock domain and whether children get the filter. The
+    server sends it in its greeting."""
     no_new_privs = _prctl(_PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1
     isolated = bool(_state["landlock"] and _state["seccomp"] and no_new_privs and os.getuid())
     return {

@@ -1,22 +1,5 @@
 """The host side of the sandbox: start the fork server, run requests in its children, read
-their untrusted results.
-
-One `Sandbox` is one long-lived fork server (see `runner.py` for the protocol), started
-confined (see `launch.py`) and restarted when it dies. The server only manages processes: it
-hands the host started children, each with its two pipes, and kills and reaps them when told.
-`Sandbox.run` writes a request's work straight to a child and reads its results straight from
-it, and returns one `OpResult` per operation. Every failure of environment code (a raise, a
-timeout, running out of memory, a crash, an oversized or malformed result) comes back as a
-failed `OpResult`, never as an exception; exceptions (`SandboxUnavailable`, `SandboxFailure`)
-mean the sandbox itself could not do its job.
-
-What the host does not trust: anything a child or the server writes. A child's result lines
-are size-capped, must begin as the expected op's result does (`{"i":N,"ok":`), and are parsed
-with bounds and checked against the shape of that op's result (`results.read_result`): a line
-that begins so but is not exactly that fails that op ("output", or "value" for a score that is
-not a number in [0, 1]) with a reason naming the op, its seed and difficulty; anything else
-fails the op and ends that child, and the rest of the request runs in a fresh one. A message
-from the server that is not what the protocol says ends the server.
+their untrusted results (see `Sandbox`; docs/SANDBOX.md#how-a-request-runs).
 """
 
 from __future__ import annotations
@@ -71,7 +54,25 @@ class OpResult:
 
 
 class Sandbox:
-    """A confined fork server for environment code. One request at a time (a lock guards it)."""
+    """A confined fork server for environment code. One request at a time (a lock guards it).
+
+    One long-lived fork server (see `runner.py` for the protocol), started confined (see
+    `launch.py`) and restarted when it dies. The server only manages processes: it hands the
+    host started children, each with its two pipes, and kills and reaps them when told. `run`
+    writes a request's work straight to a child and reads its results straight from it, and
+    returns one `OpResult` per operation. Every failure of environment code (a raise, a timeout,
+    running out of memory, a crash, an oversized or malformed result) comes back as a failed
+    `OpResult`, never as an exception; exceptions (`SandboxUnavailable`, `SandboxFailure`) mean
+    the sandbox itself could not do its job.
+
+    Nothing a child or the server writes is trusted. A child's result lines are size-capped,
+    must begin as the expected op's result does (`{"i":N,"ok":`), and are parsed with bounds and
+    checked against the shape of that op's result (`results.read_result`): a line that begins
+    so but is not exactly that fails that op ("output", or "value" for a score that is not a
+    number in [0, 1]) with a reason naming the op, its seed and difficulty; anything else fails
+    the op and ends that child, and the rest of the request runs in a fresh one. A message from
+    the server that is not what the protocol says ends the server.
+    """
 
     def __init__(self, settings: SandboxSettings, *, hash_seed: int = 0) -> None:
         self.settings = settings

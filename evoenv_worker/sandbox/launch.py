@@ -1,23 +1,5 @@
 """How the fork server is started: confined (bubblewrap, Landlock, seccomp) or, by explicit
-opt-in only, unconfined.
-
-Confined, the server runs as
-
-    bwrap --unshare-{net,pid,ipc,uts,cgroup} --die-with-parent --new-session <binds> --
-        setpriv --reuid UID --regid UID --clear-groups --no-new-privs ... --
-        python -s -S -B -P /evoenv/sandbox/runner.py /evoenv --confine
-
-with bwrap itself started with an empty environment (bwrap's `--clearenv` still leaks the
-host's through /proc/1/environ). Inside there is only: /usr (and the /lib* links), the Python
-install at its own path (its site-packages hidden), `runner.py` and `confine.py`, the project's
-`shared/__init__.py` and `shared/environment.py`, a new /proc, a minimal /dev and a small tmpfs
-at /scratch, the only writable place. Then `confine.py` adds Landlock and seccomp.
-
-When the worker is not root, bwrap needs an unprivileged user namespace instead of `setpriv`
-(`--unshare-user --disable-userns`); the code then runs as the worker's own uid.
-
-Python runs with `-s -S -B -P` rather than `-I`: `-I` implies `-E`, which would ignore
-`PYTHONHASHSEED`, and the environment is ours entirely anyway.
+opt-in only, unconfined. The layers: docs/SANDBOX.md#layers.
 """
 
 from __future__ import annotations
@@ -78,7 +60,20 @@ def server_command(
 
 
 def confined_command(settings: SandboxSettings, *, hash_seed: int) -> list[str]:
-    """bwrap + setpriv + the interpreter running the runner with `--confine`."""
+    """bwrap + setpriv + the interpreter running the runner with `--confine`:
+
+        bwrap --unshare-{net,pid,ipc,uts,cgroup} --die-with-parent --new-session <binds> --
+            setpriv --reuid UID --regid UID --clear-groups --no-new-privs ... --
+            python -s -S -B -P /evoenv/sandbox/runner.py /evoenv --confine
+
+    bwrap itself is started with an empty environment (its `--clearenv` still leaks the host's
+    through /proc/1/environ). Inside there is only: /usr (and the /lib* links), the Python
+    install at its own path (its site-packages hidden), `runner.py` and `confine.py`, the
+    project's `shared/__init__.py` and `shared/environment.py`, a new /proc, a minimal /dev and
+    a small tmpfs at /scratch, the only writable place. Then `confine.py` adds Landlock and
+    seccomp. When the worker is not root, bwrap uses an unprivileged user namespace instead of
+    `setpriv` (`--unshare-user --disable-userns`); the code then runs as the worker's own uid.
+    """
     python = interpreter()
     runner = f"{confine.ROOT}/sandbox/runner.py"
     return [

@@ -1,22 +1,8 @@
-"""What the host makes of a child's result line: nothing in it is trusted.
+"""What the host makes of a child's result line: nothing in it is trusted (see `read_result`).
 
-A child runs environment code, which can reach everything in its own process: the runner's
-functions, `shared.environment`, its result pipe. So a result line says only what the
-environment wants it to say, and the host checks all of it before anything uses it
-(`read_result`), per op:
-
-- the line is parsed with bounds: `NaN`, `Infinity` and numbers too large for a float are
-  refused, and so are integers of more than `MAX_INT_DIGITS` digits (Python refuses to read
-  more than 4,300, and arithmetic on the host must leave room to print them) and values nested
-  deeper than `MAX_DEPTH`;
-- the result has exactly the keys of its kind, with the types the op promises (see the ops in
-  `runner.py`); a score is of type exactly `bool`, `int` or `float` (never a subclass or an
-  object posing as one), in [0, 1], and comes back as a float; timings are finite and not
-  negative; a failure's kind is one of the runner's, and its text is cut to `MAX_ERROR_CHARS`.
-
-Anything else is that op's failure: kind `output` (or `value` for a score out of range), with a
-one-line reason that names the op, its seed and its difficulty. Nothing here raises on any
-line, and nothing converts an untrusted value without a bound.
+A child runs environment code, which can reach everything in its own process, so a result line
+says only what the environment wants it to say. Nothing here raises on any line, and nothing
+converts an untrusted value without a bound.
 """
 
 from __future__ import annotations
@@ -75,7 +61,24 @@ def read_result(line: bytes, index: int, ops: Sequence[Any]) -> dict[str, Any]:
 
     An ok result is `{"ok": True, "value": ..., "seconds": {...}}`, its value of the shape
     the op promises (a score as a float); a failure is `{"ok": False, "kind", "routine",
-    "error"}`."""
+    "error"}`.
+
+    A child can reach the runner's functions, `shared.environment` and its result pipe, so
+    the host checks all of the line before anything uses it:
+
+    - the line is parsed with bounds: `NaN`, `Infinity` and numbers too large for a float are
+      refused, and so are integers of more than `MAX_INT_DIGITS` digits (Python refuses to
+      read more than 4,300, and arithmetic on the host must leave room to print them) and
+      values nested deeper than `MAX_DEPTH`;
+    - the result has exactly the keys of its kind, with the types the op promises (see the ops
+      in `runner.py`); a score is of type exactly `bool`, `int` or `float` (never a subclass or
+      an object posing as one), in [0, 1], and comes back as a float; timings are finite and
+      not negative; a failure's kind is one of the runner's, and its text is cut to
+      `MAX_ERROR_CHARS`.
+
+    Anything else is that op's failure: kind `output` (or `value` for a score out of range),
+    with a one-line reason that names the op, its seed and its difficulty.
+    """
     try:
         message = parse(line)
         if type(message) is not dict:

@@ -1,81 +1,7 @@
 """The fork server that runs inside the sandbox, and its children. Standard library only.
 
-Started by `host.Sandbox` as `python -I -S -B runner.py ROOT [--confine]`, where ROOT holds the
-`shared` package, with its stdin one end of a control socket (AF_UNIX, SOCK_SEQPACKET) whose
-other end the host holds. The server manages processes and nothing else; the host talks to the
-children itself:
-
-- The server forks children ahead of the requests (`Spares`: a few at a time). When its turn
-  comes, a child confines itself (`confine.confine_child`), sets rlimits and rehearses with an
-  environment of ours (`_rehearse`), then waits for its work on a pipe.
-- The server hands the host each started child, one at a time: its pid in a JSON message
-  `["child", pid]` carrying the write end of its work pipe and the read end of its result pipe
-  (SCM_RIGHTS), which the server then closes (`_offer`).
-- The host writes a request's work to that pipe as marshal and closes it (`host._work`); the
-  child reads it to the end, sets the request's own limits, loads the environment source and
-  runs the request's operations in order, writing one JSON line per operation to its result
-  pipe, which the host reads, parses and checks. The host enforces the per-operation time
-  limit and the output cap, and takes a fresh child for the remaining operations when one
-  dies, overruns or writes anything else.
-- The host tells the server, in marshal messages `(what, pid)`: "took" (it wrote a child's
-  work: the server starts the next child, forking more when none is left, while this one
-  works), "stop" (done with it, or it overran: SIGKILL it; the server reaps it once it has
-  finished dying, which takes about a millisecond, while it waits for the next message) and
-  "reap" (its pipe closed early: kill it, reap it, and answer `["status", pid, kind, error]`
-  with how it died).
-
-So a request's work and results go straight between the host and the child, and the server
-does its part (starting the next child, killing the last) beside them. The server itself never
-runs environment code and never reads what a child writes. A child can only forge the results
-of its own request (it is the code being judged, so that gives it nothing its routines could
-not do); it cannot touch the server, other children, later requests or the host. The one thing
-a child hands the host beyond its results, its compiled module for the host's code cache
-(`_send_code`), is written before any environment code runs in it, and only later children
-unmarshal it.
-
-Operations (each a dict with "op"):
-- describe: the class attributes of the environment.
-- instance {seed, difficulty}: sample, solve, render, answer_text for one instance (an
-  instance or reference that does not survive JSON unchanged goes as {} or null, `_sendable`).
-- score {answer, from: k} or {answer, instance, reference}: score one extracted answer against
-  the instance of operation k of the same request, or against the given instance. With
-  "from" and a null answer, the answer is that instance's own answer_text, stripped.
-- answer_text {reference}: how the environment writes a given reference.
-- solve {instance}: solve and answer_text for a given instance (the reference this environment
-  gives another environment's instance: admission's same-oracle check). Its value is
-  {"reference", "answer_text"}.
-- grade {seed, difficulty, answers: [str | null, ...]}: the batched grading path. Sample and
-  solve the instance once (as `instance` does: sample, solve, render, answer_text), then score
-  every non-null answer against it. Its value is {"scores": [float], "outcomes": [int | null],
-  "errors": {position: str}, "prompt", "answer_text"}: "scores" holds each distinct reward
-  once, and "outcomes" has one entry per answer, the index in "scores" of its reward (JSON
-  reads an int several times faster than a float, and a group has few distinct rewards). A
-  null answer has a null outcome; an answer whose scorer raised, ran out of memory or returned
-  something that is not a number in [0, 1] has a null outcome and its error in words in
-  "errors" under its position (a string: JSON keys are strings). Those are per-answer
-  failures: the op still succeeds.
-  The op fails (like `instance`) only when sampling, solving, rendering or answer_text fails,
-  or when `answers` is not a list; and, like any op, when the whole op overruns the time limit,
-  runs the child out of memory or kills it: then no answer of it has a reward.
-  Each score call gets its own copy of the instance and the reference, as the `score` op does.
-  Its "seconds" has sample, solve, render, answer_text, and score for all the answers together.
-Every result is {"i", "ok", ...}: ok results carry "value" (and "seconds"); failed ones carry
-"kind" (exception, type, value, timeout, memory, crash, output, load, dependency, skipped,
-tamper), "routine" and "error".
-
-Tampering. After loading the environment's module, and after each op, the child checks that
-its own module and the modules it relies on (`GUARDED_MODULES`: `shared.environment`,
-`json`, `builtins`, ...) still expose the very objects it held before any environment code
-ran (`Framework`). If not, that op and every later one of the request fail with kind "tamper"
-and an error that begins "the environment modified the framework" and names what changed. A
-determined environment can defeat this check too (it runs in the same process); the host's
-checks of every result (`results.py`) are what it cannot get past.
-
-Limits. "op_seconds" bounds each op of a request (the wall-clock time from the previous result
-line to this op's line) and, times the number of ops, the child's CPU time; "memory_mb" is the
-child's address-space limit; "output_bytes" caps each result line. A caller sending a `grade`
-op with many answers passes a longer "op_seconds" for that request (`Sandbox.run`'s
-`op_seconds`), since the limit applies to the whole op.
+The server manages processes and nothing else (`serve`); the host talks to the children
+itself, and each child runs one request's operations (`_child`, `run_op`).
 """
 
 from __future__ import annotations
@@ -122,6 +48,10 @@ _quiet: list[Any] = []
 
 
 def main() -> None:
+    """Run the fork server, as `host.Sandbox` starts it (`launch.server_command`):
+    `python -s -S -B -P runner.py ROOT [--confine]`, where ROOT holds the `shared` package,
+    with its stdin one end of a control socket (AF_UNIX, SOCK_SEQPACKET) whose other end the
+    host holds."""
     root = sys.argv[1]
     confined = "--confine" in sys.argv[2:]
     sys.path.insert(0, root)
@@ -149,7 +79,36 @@ def main() -> None:
 
 
 def serve(control: socket.socket, spares: Spares) -> None:
-    """Answer the host's messages until it goes away; reap stopped children as they die."""
+    """Answer the host's messages until it goes away; reap stopped children as they die.
+
+    The server manages processes and nothing else; the host talks to the children itself:
+
+    - The server forks children ahead of the requests (`Spares`: a few at a time). When its
+      turn comes, a child confines itself (`confine.confine_child`), sets rlimits and rehearses
+      with an environment of ours (`_rehearse`), then waits for its work on a pipe.
+    - The server hands the host each started child, one at a time: its pid in a JSON message
+      `["child", pid]` carrying the write end of its work pipe and the read end of its result
+      pipe (SCM_RIGHTS), which the server then closes (`_offer`).
+    - The host writes a request's work to that pipe and closes it (`host._work`); the child
+      runs it (`_child`) and the host reads, parses and checks each result line. The host
+      enforces the per-operation time limit and the output cap, and takes a fresh child for the
+      remaining operations when one dies, overruns or writes anything else.
+    - The host tells the server, in marshal messages `(what, pid)`: "took" (it wrote a child's
+      work: the server starts the next child, forking more when none is left, while this one
+      works), "stop" (done with it, or it overran: SIGKILL it; the server reaps it once it has
+      finished dying, which takes about a millisecond, while it waits for the next message) and
+      "reap" (its pipe closed early: kill it, reap it, and answer `["status", pid, kind,
+      error]` with how it died).
+
+    So a request's work and results go straight between the host and the child, and the server
+    does its part (starting the next child, killing the last) beside them. The server itself
+    never runs environment code and never reads what a child writes. A child can only forge the
+    results of its own request (it is the code being judged, so that gives it nothing its
+    routines could not do); it cannot touch the server, other children, later requests or the
+    host. The one thing a child hands the host beyond its results, its compiled module for the
+    host's code cache (`_send_code`), is written before any environment code runs in it, and
+    only later children unmarshal it.
+    """
     fd = control.fileno()
     while True:
         ready, _, _ = select.select([fd, *_stopped.values()], [], [])
@@ -325,7 +284,23 @@ def _fail(index: int, kind: str, routine: str, error: str) -> dict[str, Any]:
 
 def _child(work_fd: int, write_fd: int, confined: bool) -> None:
     """A forked child: close what is not its own, wait for its turn, confine itself, rehearse,
-    wait for its work, run it, write the results, exit."""
+    wait for its work, run it, write the results, exit.
+
+    The work is marshal, read to the end of the pipe; the child then sets the request's own
+    limits, loads the environment source and runs the request's operations in order
+    (`run_op`), writing one JSON line per operation to its result pipe.
+
+    Limits: "op_seconds" bounds each op of a request (the wall-clock time from the previous
+    result line to this op's line, which the host enforces) and, times the number of ops, the
+    child's CPU time; "memory_mb" is the child's address-space limit; "output_bytes" caps each
+    result line. A caller sending a `grade` op with many answers passes a longer "op_seconds"
+    for that request (`Sandbox.run`'s `op_seconds`), since the limit applies to the whole op.
+
+    Tampering: after loading the environment's module, and after each op, the child checks
+    `Framework.changed`; if the environment changed the framework, that op and every later one
+    of the request fail with kind "tamper" and an error that begins `TAMPERED` and names what
+    changed.
+    """
     try:
         keep = (work_fd, write_fd)
         if confined:
@@ -588,7 +563,27 @@ def _load(code: Any, filename: str) -> Any:
 
 
 def run_op(env: Any, op: Any, kept: dict[int, dict[str, Any]], index: int) -> dict[str, Any]:
-    """Run one operation on a loaded environment; never raises. `kept` holds instance results."""
+    """Run one operation on a loaded environment; never raises. `kept` holds instance results.
+
+    Operations (each a dict with "op"):
+
+    - describe: the class attributes of the environment.
+    - instance {seed, difficulty}: sample, solve, render, answer_text for one instance (an
+      instance or reference that does not survive JSON unchanged goes as {} or null,
+      `_sendable`).
+    - score {answer, from: k} or {answer, instance, reference}: score one extracted answer
+      against the instance of operation k of the same request, or against the given instance.
+      With "from" and a null answer, the answer is that instance's own answer_text, stripped.
+    - answer_text {reference}: how the environment writes a given reference.
+    - solve {instance}: solve and answer_text for a given instance (the reference this
+      environment gives another environment's instance: admission's same-oracle check). Its
+      value is {"reference", "answer_text"}.
+    - grade {seed, difficulty, answers: [str | null, ...]}: the batched grading path (`_grade`).
+
+    The child writes every result as {"i", "ok", ...}: ok results carry "value" (and
+    "seconds"); failed ones carry "kind" (exception, type, value, timeout, memory, crash,
+    output, load, dependency, skipped, tamper), "routine" and "error".
+    """
     kind = op.get("op") if isinstance(op, dict) else None
     if kind == "describe":
         return _describe_env(env)
@@ -728,7 +723,23 @@ def _score(env: Any, op: dict[str, Any], kept: dict[int, dict[str, Any]]) -> dic
 
 
 def _grade(env: Any, op: dict[str, Any]) -> dict[str, Any]:
-    """Sample and solve one instance, then score every non-null answer of `op` against it."""
+    """Sample and solve one instance, then score every non-null answer of `op` against it.
+
+    The instance is made as the `instance` op makes it (sample, solve, render, answer_text).
+    The value is {"scores": [float], "outcomes": [int | null], "errors": {position: str},
+    "prompt", "answer_text"}: "scores" holds each distinct reward once, and "outcomes" has one
+    entry per answer, the index in "scores" of its reward (JSON reads an int several times
+    faster than a float, and a group has few distinct rewards). A null answer has a null
+    outcome; an answer whose scorer raised, ran out of memory or returned something that is not
+    a number in [0, 1] has a null outcome and its error in words in "errors" under its position
+    (a string: JSON keys are strings). Those are per-answer failures: the op still succeeds.
+
+    The op fails (like `instance`) only when sampling, solving, rendering or answer_text fails,
+    or when `answers` is not a list; and, like any op, when the whole op overruns the time
+    limit, runs the child out of memory or kills it: then no answer of it has a reward. Each
+    score call gets its own copy of the instance and the reference, as the `score` op does. Its
+    "seconds" has sample, solve, render, answer_text, and score for all the answers together.
+    """
     from shared.environment import grade_value
 
     answers = op.get("answers")
