@@ -11,13 +11,16 @@ writes into `folder`:
     difficulty.png      calibration and serving difficulty of the admitted environments
     push_latency.png    seconds per weight push (write the weights, reload every server)
     throughput.png      tokens per second through the trainer
-    report.md           the figures, the headline numbers, and the run's settings.json if any
+    report.md           the headline numbers, the funnel's totals, the generator per 5 steps,
+                        the figures, and the run's settings.json if any
 
 A figure with nothing to show yet is still written, with a "no data yet" panel, so a report
 of a run that has not stepped has the same files. The funnel_<stage> values of the train rows
-are cumulative counts; the funnel figure plots their increments. Environments carry no run
-name in the archive: the difficulty figure covers every environment admitted to it (one data
-folder per run keeps that to the run's own).
+are cumulative counts; the funnel figure plots their increments per 10 steps, and report.md's
+generator table per 5: candidates judged, how many passed L1-L5 (share), how many stopped at
+each later stage that occurs in the run, were admitted, or expired (not judged). Environments
+carry no run name in the archive: the difficulty figure covers every environment admitted to
+it (one data folder per run keeps that to the run's own).
 
 Drawn on matplotlib `Figure` objects with the Agg canvas: no pyplot, no display, no global state.
 """
@@ -43,6 +46,10 @@ from shared.messages import MECHANICAL_STAGES, MODEL_STAGES
 
 FUNNEL_STAGES: tuple[str, ...] = (*MECHANICAL_STAGES, *MODEL_STAGES, "admitted")
 BUCKET_STEPS = 10
+GENERATOR_STEPS = 5
+"""Optimiser steps per row of report.md's generator table."""
+PAST_L5: tuple[str, ...] = (*MODEL_STAGES, "admitted")
+"""Where a candidate that passed L1-L5 stops: at a model stage, or nowhere (admitted)."""
 HEADLINE_STEPS = 5
 DPI = 150
 ROLES = {"solver": "tab:blue", "generator": "tab:orange"}
@@ -238,10 +245,13 @@ def draw_eval(figure: Figure, data: RunData) -> None:
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
 
 
-def funnel_buckets(train: Sequence[MetricRow]) -> tuple[list[str], list[dict[str, int]]]:
-    """The stages (in funnel order) and, per bucket of BUCKET_STEPS steps, how many candidates
-    stopped at each: increments of the cumulative funnel_<stage> counters (a counter that goes
-    down was reset, by a fresh start, and counts again from zero)."""
+def funnel_buckets(
+    train: Sequence[MetricRow], size: int = BUCKET_STEPS
+) -> tuple[list[str], list[dict[str, int]]]:
+    """The stages (in funnel order) and, per bucket of `size` steps (steps 1 to `size`, then
+    the next `size`...), how many candidates stopped at each: increments of the cumulative
+    funnel_<stage> counters (a counter that goes down was reset, by a fresh start, and counts
+    again from zero)."""
     seen = {
         k.removeprefix("funnel_") for row in train for k in row.values if k.startswith("funnel_")
     }
@@ -249,12 +259,11 @@ def funnel_buckets(train: Sequence[MetricRow]) -> tuple[list[str], list[dict[str
     if not train:
         return stages, []
     buckets = [
-        dict.fromkeys(stages, 0)
-        for _ in range(max(max(r.step for r in train) - 1, 0) // BUCKET_STEPS + 1)
+        dict.fromkeys(stages, 0) for _ in range(max(max(r.step for r in train) - 1, 0) // size + 1)
     ]
     previous = dict.fromkeys(stages, 0)
     for row in train:
-        bucket = buckets[max(row.step - 1, 0) // BUCKET_STEPS]
+        bucket = buckets[max(row.step - 1, 0) // size]
         for stage in stages:
             count = int(_number(row.values.get(f"funnel_{stage}")) or 0)
             bucket[stage] += count - previous[stage] if count >= previous[stage] else count
@@ -266,6 +275,43 @@ def funnel_totals(train: Sequence[MetricRow]) -> dict[str, int]:
     """How many candidates stopped at each stage over the whole run, in funnel order."""
     stages, buckets = funnel_buckets(train)
     return {stage: sum(b[stage] for b in buckets) for stage in stages}
+
+
+@dataclass(frozen=True)
+class GeneratorRow:
+    """The candidates counted in optimiser steps `first` to `last`."""
+
+    first: int
+    last: int
+    judged: int
+    """Candidates that reached a verdict: every outcome but expired."""
+    passed: int
+    """Of those, the ones that passed L1-L5 (stopped at a model stage, or admitted)."""
+    stopped: dict[str, int]
+    """Column -> candidates: each stage after L5 that occurs in the run (in funnel order,
+    "error" included), then admitted, then expired (candidates of a group past its deadline)."""
+
+
+def generator_rows(train: Sequence[MetricRow], size: int = GENERATOR_STEPS) -> list[GeneratorRow]:
+    """One row per `size` optimiser steps (the last one may be partial); none when no
+    candidate was counted."""
+    stages, buckets = funnel_buckets(train, size)
+    occurring = {stage for bucket in buckets for stage, n in bucket.items() if n}
+    if not occurring:
+        return []
+    fixed = ("admitted", "expired")
+    later = [s for s in stages if s in occurring and s not in (*MECHANICAL_STAGES, *fixed)]
+    last_step = max(row.step for row in train)
+    return [
+        GeneratorRow(
+            first=i * size + 1,
+            last=min((i + 1) * size, last_step),
+            judged=sum(n for stage, n in bucket.items() if stage != "expired"),
+            passed=sum(bucket.get(stage, 0) for stage in PAST_L5),
+            stopped={column: bucket.get(column, 0) for column in (*later, *fixed)},
+        )
+        for i, bucket in enumerate(buckets)
+    ]
 
 
 def _stage_colours(stages: Sequence[str]) -> dict[str, Any]:
@@ -547,16 +593,9 @@ def render_markdown(
     lines = [f"# Run report: {data.run}", "", f"Written {stamp} from the archive `{source}`.", ""]
     lines += ["## Headline numbers", "", "| metric | value |", "| --- | --- |"]
     lines += [f"| {what} | {value} |" for what, value in headline(data)]
-    totals = funnel_totals(data.train)
-    candidates = sum(totals.values())
-    lines += ["", "## Admission funnel", ""]
-    if candidates:
-        lines += ["Where each generated candidate stopped (totals over the run).", ""]
-        lines += ["| stage | candidates | share |", "| --- | ---: | ---: |"]
-        lines += [f"| {s} | {n} | {100 * n / candidates:.1f} % |" for s, n in totals.items()]
-    else:
-        lines.append("No generated candidate judged yet.")
-    lines += ["", "## Figures", ""]
+    lines += ["", "## Admission funnel", "", *funnel_table(data.train)]
+    lines += ["", f"## The generator, per {GENERATOR_STEPS} steps", ""]
+    lines += [*generator_table(data.train), "", "## Figures", ""]
     for name, path in figures.items():
         lines += [
             f"![{FIGURES[name][0]}]({path.name})",
@@ -576,6 +615,45 @@ def render_markdown(
         ]
         lines += [f"| `{key}` | `{value}` |" for key, value in _flatten(settings)]
     return "\n".join(lines) + "\n"
+
+
+def funnel_table(train: Sequence[MetricRow]) -> list[str]:
+    """Where each generated candidate stopped, totals over the run, as Markdown lines."""
+    totals = funnel_totals(train)
+    candidates = sum(totals.values())
+    if not candidates:
+        return ["No generated candidate judged yet."]
+    lines = ["Where each generated candidate stopped (totals over the run).", ""]
+    lines += ["| stage | candidates | share |", "| --- | ---: | ---: |"]
+    return lines + [f"| {s} | {n} | {100 * n / candidates:.1f} % |" for s, n in totals.items()]
+
+
+def generator_table(train: Sequence[MetricRow]) -> list[str]:
+    """`generator_rows` as Markdown lines: one row per GENERATOR_STEPS steps."""
+    rows = generator_rows(train)
+    if not rows:
+        return [f"No generated candidate judged yet, in any {GENERATOR_STEPS} steps."]
+    columns = list(rows[0].stopped)
+    intro = (
+        f"Per {GENERATOR_STEPS} optimiser steps, the generated candidates counted in them: "
+        "judged (they reached a verdict), how many of those passed L1–L5 and their share, "
+        "then how many stopped at each later stage, were admitted, or expired (their "
+        "generation group passed its deadline: not judged)."
+    )
+    if "error" in columns:
+        intro += " `error`: a check could not run (judged, not counted as passing L1–L5)."
+    lines = [
+        intro,
+        "",
+        f"| steps | judged | passed L1–L5 | share | {' | '.join(columns)} |",
+        "| --- |" + " ---: |" * (3 + len(columns)),
+    ]
+    for row in rows:
+        steps = f"{row.first}–{row.last}" if row.last > row.first else str(row.first)
+        share = f"{100 * row.passed / row.judged:.1f} %" if row.judged else "–"
+        counts = " | ".join(str(n) for n in row.stopped.values())
+        lines.append(f"| {steps} | {row.judged} | {row.passed} | {share} | {counts} |")
+    return lines
 
 
 def _flatten(settings: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:

@@ -12,7 +12,13 @@ from matplotlib.image import imread
 from typer.testing import CliRunner
 
 from evoenv_cli import report as report_cli
-from evoenv_cli.run_report import FIGURES, FUNNEL_STAGES, funnel_buckets, write_report
+from evoenv_cli.run_report import (
+    FIGURES,
+    FUNNEL_STAGES,
+    funnel_buckets,
+    generator_table,
+    write_report,
+)
 from evoenv_learner.evaluate import wilson
 from shared.config import Settings
 from shared.db import Archive
@@ -122,6 +128,14 @@ def test_report_has_every_figure_and_the_headline_numbers(archive: Archive, tmp_
     assert "| L1 | 3 | 10.0 % |" in text
     assert "| L2 | 4 | 13.3 % |" in text
     assert "| `grpo.lr` | `1e-06` |" in text
+    section = text.split("## The generator, per 5 steps\n")[1].split("## Figures")[0]
+    assert "| steps | judged | passed L1–L5 | share | review | calibration | novelty |" in section
+    # one candidate a step, at FUNNEL_STAGES[step % 9]: 1-5 L2..L5 and review; 6-10
+    # calibration, novelty, admitted, L1, L2
+    assert "| 1–5 | 5 | 1 | 20.0 % | 1 | 0 | 0 | 0 | 0 |" in section
+    assert "| 6–10 | 5 | 3 | 60.0 % | 0 | 1 | 1 | 1 | 0 |" in section
+    assert "| 26–30 | 5 | 1 | 20.0 % | 0 | 0 | 0 | 1 | 0 |" in section
+    assert "`error`" not in section
 
 
 def test_funnel_counts_increments_of_the_cumulative_counters_per_ten_steps(
@@ -139,6 +153,66 @@ def test_funnel_counts_again_after_a_counter_reset(tmp_path: Path) -> None:
         archive.record_metrics(RUN, step, "train", 0, {"funnel_admitted": admitted})
     _, buckets = funnel_buckets(archive.metrics(RUN, "train"))
     assert buckets[0]["admitted"] == 5 + 3
+
+
+def record_funnel(archive: Archive, outcomes: dict[int, dict[str, int]], steps: int) -> None:
+    """Train rows for steps 1..`steps` whose cumulative funnel_<stage> counters grow by
+    `outcomes[step]` (candidates per outcome counted at that step)."""
+    funnel: dict[str, int] = {}
+    for step in range(1, steps + 1):
+        for outcome, n in outcomes.get(step, {}).items():
+            funnel[outcome] = funnel.get(outcome, 0) + n
+        values = {"loss": 0.1, **{f"funnel_{k}": v for k, v in funnel.items()}}
+        archive.record_metrics(RUN, step, "train", step, values)
+
+
+def test_generator_table_has_a_row_per_five_steps_the_last_one_partial(tmp_path: Path) -> None:
+    """12 steps: rows 1–5, 6–10 and 11–12; calibration never occurs, so it has no column;
+    expired candidates are not judged; an error is judged but did not pass L1-L5."""
+    archive = Archive(f"sqlite:///{tmp_path / 'archive.db'}")
+    outcomes = {
+        1: {"L1": 2},
+        3: {"L3": 1, "review": 1},
+        5: {"admitted": 1},
+        6: {"L2": 1, "novelty": 2},
+        9: {"expired": 4},
+        11: {"admitted": 2},
+        12: {"error": 1},
+    }
+    record_funnel(archive, outcomes, steps=12)
+    table = generator_table(archive.metrics(RUN, "train"))
+    assert table[2:] == [
+        "| steps | judged | passed L1–L5 | share | review | novelty | error | admitted | expired |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| 1–5 | 5 | 2 | 40.0 % | 1 | 0 | 0 | 1 | 0 |",
+        "| 6–10 | 3 | 2 | 66.7 % | 0 | 2 | 0 | 0 | 4 |",
+        "| 11–12 | 3 | 2 | 66.7 % | 0 | 0 | 1 | 2 | 0 |",
+    ]
+    assert "`error`: a check could not run" in table[0]
+
+
+def test_generator_table_counts_again_after_a_counter_reset(tmp_path: Path) -> None:
+    """A fresh start after step 6 sets the counters back to zero: step 7's admitted is 1,
+    not 1 - 4; a bucket of only expired candidates has no share."""
+    archive = Archive(f"sqlite:///{tmp_path / 'archive.db'}")
+    for step, admitted in ((1, 1), (4, 3), (6, 4), (7, 1), (8, 2)):
+        values = {"funnel_admitted": admitted, "funnel_L2": 2 if step <= 6 else 0}
+        archive.record_metrics(RUN, step, "train", step, values)
+    archive.record_metrics(RUN, 11, "train", 11, {"funnel_admitted": 2, "funnel_expired": 4})
+    assert generator_table(archive.metrics(RUN, "train"))[4:] == [
+        "| 1–5 | 5 | 3 | 60.0 % | 3 | 0 |",
+        "| 6–10 | 3 | 3 | 100.0 % | 3 | 0 |",
+        "| 11 | 0 | 0 | – | 0 | 4 |",
+    ]
+
+
+def test_generator_table_says_in_one_line_when_no_candidate_was_judged(tmp_path: Path) -> None:
+    archive = Archive(f"sqlite:///{tmp_path / 'archive.db'}")
+    record_funnel(archive, {}, steps=7)
+    assert generator_table(archive.metrics(RUN, "train")) == [
+        "No generated candidate judged yet, in any 5 steps."
+    ]
+    assert generator_table([]) == ["No generated candidate judged yet, in any 5 steps."]
 
 
 def test_empty_run_writes_placeholder_figures(tmp_path: Path) -> None:
