@@ -1,28 +1,6 @@
-"""The run report: PNG figures and a Markdown summary of one training run, from the archive.
-
-`write_report(archive, run, folder)` reads the run's metric rows (kind "train": one per
-optimiser step; "eval": one per held-out evaluation) and the archive's environments, and
-writes into `folder`:
-
-    reward.png          solver and generator reward per step (batch mean, band of one std)
-    eval_pass_rate.png  held-out pass rate per evaluation with its 95 % Wilson interval
-    funnel.png          where generated candidates stopped, per 10 steps (stacked bars)
-    pool_size.png       active pool size (seeds + admitted) per step
-    difficulty.png      calibration and serving difficulty of the admitted environments
-    push_latency.png    seconds per weight push (write the weights, reload every server)
-    throughput.png      tokens per second through the trainer
-    report.md           the headline numbers, the funnel's totals, the generator per 5 steps,
-                        the figures, and the run's settings.json if any
-
-A figure with nothing to show yet is still written, with a "no data yet" panel, so a report
-of a run that has not stepped has the same files. The funnel_<stage> values of the train rows
-are cumulative counts; the funnel figure plots their increments per 10 steps, and report.md's
-generator table per 5: candidates judged, how many passed L1-L5 (share), how many stopped at
-each later stage that occurs in the run, were admitted, or expired (not judged). Environments
-carry no run name in the archive: the difficulty figure covers every environment admitted to
-it (one data folder per run keeps that to the run's own).
-
-Drawn on matplotlib `Figure` objects with the Agg canvas: no pyplot, no display, no global state.
+"""The run report: PNG figures and a Markdown summary of one training run, read from the
+archive's metric rows (`write_report`). Drawn on matplotlib `Figure` objects with the Agg
+canvas: no pyplot, no display, no global state.
 """
 
 from __future__ import annotations
@@ -99,7 +77,26 @@ def write_report(
     archive: Archive, run: str, folder: Path, *, run_dir: Path | None = None
 ) -> ReportFiles:
     """Write the figures and report.md of `run` into `folder`; the settings.json shown is read
-    from `run_dir` (default: `folder`)."""
+    from `run_dir` (default: `folder`). The metric rows are of kind "train" (one per optimiser
+    step) and "eval" (one per held-out evaluation). The files:
+
+        reward.png          solver and generator reward per step (batch mean, band of one std)
+        eval_pass_rate.png  held-out pass rate per evaluation with its 95 % Wilson interval
+        funnel.png          where generated candidates stopped, per 10 steps (stacked bars)
+        pool_size.png       active pool size (seeds + admitted) per step
+        difficulty.png      calibration and serving difficulty of the admitted environments
+        push_latency.png    seconds per weight push (write the weights, reload every server)
+        throughput.png      tokens per second through the trainer
+        report.md           the headline numbers, the funnel's totals, the generator per 5
+                            steps, the figures, and the run's settings.json if any
+
+    A figure with nothing to show yet is still written, with a "no data yet" panel, so a report
+    of a run that has not stepped has the same files. The funnel_<stage> values of the train
+    rows are cumulative counts; the funnel figure plots their increments per 10 steps, and
+    report.md's generator table per 5: candidates judged, how many passed L1-L5 (share), how
+    many stopped at each later stage that occurs in the run, were admitted, or expired (not
+    judged). Environments carry no run name in the archive: the difficulty figure covers every
+    environment admitted to it (one data folder per run keeps that to the run's own)."""
     folder.mkdir(parents=True, exist_ok=True)
     data = load(archive, run)
     figures: dict[str, Path] = {}

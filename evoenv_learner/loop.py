@@ -548,7 +548,8 @@ class Learner:
 
     async def close(self) -> None:
         """Close what the learner opened: the trainer (and the ranks beside it), the metrics,
-        the publisher, the Redis clients."""
+        the publisher, the Redis clients; the jobs' results still held are let go first."""
+        self.orchestrator.forget()
         await asyncio.to_thread(self.trainer.close)
         self.metrics.close()
         self.publisher.close()

@@ -5,6 +5,7 @@ serving-difficulty search (`serving_search.py`) and the proposals (`proposals.py
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 import time
 from collections.abc import Callable
@@ -95,6 +96,14 @@ class Orchestrator:
             for wait in waits:
                 wait.cancel()
             self._wake.clear()
+
+    def forget(self) -> None:
+        """Let go of the jobs' results still held, while their Redis is up: a Celery result
+        collected later, after Redis stopped, retries its unsubscribe for seconds and prints a
+        traceback (`evoenv up` stops its Redis after the learner)."""
+        self.solvers.in_flight.clear()
+        self.proposals.in_flight.clear()
+        gc.collect()
 
     def groups_in_flight(self) -> int:
         """Solver and generator groups sent and not yet back: a solver group until its chain
