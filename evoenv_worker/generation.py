@@ -23,6 +23,7 @@ from shared.groups import GroupTracker
 from shared.inference import Sampling
 from shared.messages import (
     CandidateRef,
+    GeneratorGroupData,
     GradedCompletion,
     GradedGroup,
     ProposalJob,
@@ -147,7 +148,7 @@ def finalize_group(ctx: WorkerContext, run: str, group_id: str) -> GradedGroup:
     log.info(
         "generation_group_done",
         group_id=group_id,
-        funnel=group.data["funnel"],
+        funnel=[r.failed or "admitted" for r in rows],
         rewards=[c.reward for c in completions],
     )
     return group
@@ -265,11 +266,13 @@ def _generator_group(
         prompt=str(meta.get("prompt", "")),
         policy_version=min(versions, default=0),
         completions=completions,
-        data={
-            "funnel": [r.failed or "admitted" for r in rows],
-            "gamma": gamma,
-            "parents": meta.get("parents", []),
-        },
+        data=GeneratorGroupData.model_validate(
+            {
+                "funnel": [r.failed or "admitted" for r in rows],
+                "gamma": gamma,
+                "parents": meta.get("parents", []),
+            }
+        ),
     )
 
 

@@ -108,7 +108,7 @@ def test_a_copy_of_a_seed_is_not_admitted_and_the_seed_is_left_alone(ctx: Worker
         ],
     )
 
-    assert group.data["funnel"] == ["novelty", "admitted"]
+    assert group.data.funnel == ["novelty", "admitted"]
     copy_reward, new_reward = (c.reward for c in group.completions)
     assert copy_reward is not None and new_reward is not None
     assert copy_reward < new_reward  # no novelty bonus for the copy
@@ -140,7 +140,7 @@ def test_a_candidate_like_an_earlier_one_of_its_group_is_rejected_and_its_report
             (second, passed_everything("walk_b", 2, 0.5)),
         ],
     )
-    assert group.data["funnel"] == ["admitted", "novelty"]
+    assert group.data.funnel == ["admitted", "novelty"]
     archive = ctx.archive()
     kept = archive.environment(source_sha(first))
     dropped = archive.environment(source_sha(second))

@@ -27,7 +27,14 @@ from evoenv_worker.sandbox.host import Sandbox
 from shared.config import SandboxSettings, Settings
 from shared.environment import Environment, make_rng, seed_global_random
 from shared.errors import SandboxFailure, SandboxUnavailable
-from shared.messages import CompletionRecord, EnvRef, SolverJob, StageJob, Trace
+from shared.messages import (
+    CompletionRecord,
+    EnvRef,
+    SolverGroupData,
+    SolverJob,
+    StageJob,
+    Trace,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -542,11 +549,12 @@ def test_grade_group_grades_a_group_in_one_grade_op(
     graded = [(c.outcome, c.reward) for c in group.completions]
     assert graded == [("scored", 1.0), ("scored", 0.0), ("format_error", 0.0), ("env_error", None)]
     assert "ValueError: cannot read raise" in group.completions[3].detail
-    assert group.data == {}
+    assert group.data == SolverGroupData()
 
     failed = grade_group(sandbox, job.model_copy(update={"difficulty": 9}), settings)
     assert [(c.outcome, c.reward) for c in failed.completions] == [("env_error", None)] * 4
-    assert failed.data["env_error"].startswith("sampling failed: sample raised RuntimeError")
+    assert isinstance(failed.data, SolverGroupData) and failed.data.env_error is not None
+    assert failed.data.env_error.startswith("sampling failed: sample raised RuntimeError")
 
 
 def test_calibration_grades_one_answer_per_instance(
