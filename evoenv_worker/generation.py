@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
@@ -27,10 +27,16 @@ from shared.messages import (
     GradedCompletion,
     GradedGroup,
     ProposalJob,
+    Stage,
     ValidateJob,
     ValidationReport,
 )
-from shared.rewards import RepetitionTracker, generator_reward, mean_pairwise_similarity
+from shared.rewards import (
+    RepetitionTracker,
+    RewardParts,
+    generator_reward,
+    mean_pairwise_similarity,
+)
 from shared.rollouts import append_group
 
 if TYPE_CHECKING:
@@ -109,7 +115,7 @@ class Candidate:
     """What its admission left in the group's record: the full report, sha and source."""
     report: ValidationReport | None
     """Its full report (None: its admission left none)."""
-    failed: str | None
+    failed: Stage | Literal["error", "expired"] | None
     """The funnel outcome: the first stage it failed, "error", "expired", or None (admitted)."""
     embedding: EnvEmbedding | None = None
     known: str | None = None
@@ -236,7 +242,7 @@ def _graded(
         )
     a = ctx.settings.admission
     parts = generator_reward(row.failed, row.pass_rate, row.similarity, gamma, a)
-    _record_candidate(ctx, row, meta, parts.model_dump())
+    _record_candidate(ctx, row, meta, parts)
     return GradedCompletion(
         **completion,
         reward=parts.total,
@@ -354,7 +360,7 @@ def _record_candidate(
     ctx: WorkerContext,
     row: Candidate,
     meta: dict[str, Any],
-    reward: dict[str, Any] | None,
+    reward: RewardParts | None,
     expired: str = "",
 ) -> None:
     """The candidate in the archive: admitted only if every stage passed, with its lineage
@@ -373,15 +379,11 @@ def _record_candidate(
     )
     clash = archive.by_name(report.name)
     admitted = row.failed is None and (clash is None or clash.sha == sha)
-    stats = {**admission_stats(report), "reward": reward, "funnel": row.failed or "admitted"}
+    stats = admission_stats(report, admitted=admitted)
+    stats.reward = reward
+    stats.funnel = "name clash" if row.failed is None and not admitted else row.failed or "admitted"
     if expired:
-        stats["expired"] = expired
-    if admitted:
-        stats.setdefault("admitted_at", stats["judged_at"])
-    else:
-        stats.pop("admitted_at", None)
-    if row.failed is None and not admitted:
-        stats["funnel"] = "name clash"
+        stats.expired = expired
     archive.update_environment(
         sha,
         status="admitted" if admitted else "rejected",

@@ -25,6 +25,7 @@ from evoenv_worker.model_stages import calibration_stage
 from evoenv_worker.sandbox import confine, host, launch
 from evoenv_worker.sandbox.host import Sandbox
 from shared.config import SandboxSettings, Settings
+from shared.env_stats import CalibrationFigures
 from shared.environment import Environment, make_rng, seed_global_random
 from shared.errors import SandboxFailure, SandboxUnavailable
 from shared.messages import (
@@ -580,6 +581,7 @@ def test_calibration_grades_one_answer_per_instance(
     report = calibration_stage(sandbox, job, settings)
     assert report.ok, report
     assert (report.data["passes"], report.data["env_errors"]) == (2, 0)
+    assert CalibrationFigures.model_validate(report.data).instances == 3  # the archive keeps it
     [(args, kwargs)] = calls
     assert args[1] == [grade(1, 2, [rights[0]]), grade(2, 2, [rights[1]]), grade(3, 2, [None])]
     assert kwargs["op_seconds"] == grade_op_seconds(settings, 1)
