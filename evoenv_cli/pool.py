@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
@@ -13,6 +13,9 @@ from evoenv_cli.envs import err, exit_code, out, print_report
 from evoenv_cli.source_file import read_source
 from shared.config import Settings, mask_url
 from shared.errors import UsageError
+
+if TYPE_CHECKING:
+    from shared.db import EnvironmentRow
 
 app = typer.Typer(help="The pool of admitted environments.", no_args_is_help=True)
 
@@ -94,18 +97,18 @@ def archive_line(settings: Settings) -> str:
     return f"archive: {mask_url(settings.archive_url)} ({why})"
 
 
-def _summary(row: Any) -> dict[str, Any]:
-    stats = row.stats or {}
+def _summary(row: EnvironmentRow) -> dict[str, Any]:
+    stats = row.stats
     return {
         "name": row.name,
         "sha": row.sha,
         "status": row.status,
         "origin": row.origin,
         "parents": row.parents,
-        "serving_difficulty": stats.get("serving_difficulty"),
-        "calibration": stats.get("calibration"),
-        "uses": stats.get("uses", 0),
-        "env_errors": stats.get("env_errors", 0),
+        "serving_difficulty": stats.serving_difficulty,
+        "calibration": stats.to_json().get("calibration"),
+        "uses": stats.uses,
+        "env_errors": stats.env_errors,
         "created_at": row.created_at.isoformat(),
     }
 
@@ -135,7 +138,7 @@ def show(ctx: typer.Context, name: str = typer.Argument(..., help="Environment n
                 "parents": [
                     p.name if p else sha for p, sha in zip(parents, row.parents, strict=True)
                 ],
-                "stats": {k: v for k, v in (row.stats or {}).items() if k != "recent_groups"},
+                "stats": {k: v for k, v in row.stats.to_json().items() if k != "recent_groups"},
             },
             indent=2,
             default=str,

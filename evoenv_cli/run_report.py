@@ -68,7 +68,7 @@ def load(archive: Archive, run: str) -> RunData:
     admitted = [
         row
         for row in archive.environments()
-        if row.origin != "seed" and (row.status == "admitted" or "admitted_at" in (row.stats or {}))
+        if row.origin != "seed" and (row.status == "admitted" or row.stats.admitted_at is not None)
     ]
     return RunData(run, archive.metrics(run, "train"), archive.metrics(run, "eval"), admitted)
 
@@ -385,13 +385,13 @@ def difficulties(rows: Sequence[EnvironmentRow]) -> tuple[list[int], list[int]]:
     where recorded."""
     calibrated, serving = [], []
     for row in rows:
-        stats = row.stats or {}
-        level = _number((stats.get("calibration") or {}).get("difficulty"))
-        level = _number(stats.get("calibration_difficulty")) if level is None else level
+        stats = row.stats
+        level = stats.calibration.difficulty if stats.calibration is not None else None
+        level = stats.calibration_difficulty if level is None else level
         if level is not None:
-            calibrated.append(int(level))
-        if (served := _number(stats.get("serving_difficulty"))) is not None:
-            serving.append(int(served))
+            calibrated.append(level)
+        if stats.serving_difficulty is not None:
+            serving.append(stats.serving_difficulty)
     return calibrated, serving
 
 

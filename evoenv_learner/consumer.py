@@ -15,8 +15,14 @@ import structlog
 from pydantic import ValidationError
 
 from shared import keys
-from shared.messages import GradedGroup
-from shared.rollouts import decode_entry
+from shared.errors import SchemaMismatch
+from shared.messages import (
+    OLDEST_READ_VERSION,
+    SCHEMA_VERSION,
+    GeneratorGroupData,
+    GradedGroup,
+)
+from shared.rollouts import decode_entry, written_version
 
 log = structlog.get_logger(__name__)
 
@@ -28,6 +34,8 @@ class ConsumerStats:
     read: int = 0
     stale: int = 0
     malformed: int = 0
+    unreadable: int = 0
+    """Entries of a message schema version this learner does not read."""
     duplicates: int = 0
     reclaimed: int = 0
 
@@ -39,7 +47,7 @@ class Dropped:
     group_id: str
     role: str
     why: str
-    """`stale` or `malformed`."""
+    """`stale`, `malformed` or `unreadable` (another message schema version)."""
     funnel: tuple[str, ...] = ()
     """A generation group's admission outcomes, one per candidate (they happened)."""
 
@@ -59,9 +67,14 @@ class RolloutConsumer:
       (they are in the weights already), then the consumer re-reads its own pending entries
       (read but not in any checkpoint: the weights were rolled back, so training on them again
       is right);
-    - entries left pending by a dead consumer for `claim_idle_ms` are reclaimed (XAUTOCLAIM);
+    - entries left pending by a dead consumer for `claim_idle_ms` are reclaimed (XPENDING, then
+      XCLAIM);
     - groups older than `max_staleness` policy versions are dropped, counted and logged;
-    - a dropped group (stale, or malformed but naming its group) is handed to the learner by
+    - an entry that cannot be read (malformed, or written with a message schema version this
+      learner does not read: `shared/messages.py`) is dropped with one log line that says why
+      and names the versions, and acknowledged with the next checkpoint like any other: never
+      a crash, never read again;
+    - a dropped group (stale, or unreadable but naming its group) is handed to the learner by
       `take_dropped`, so that the slot it held in the orchestrator is freed.
     """
 
@@ -148,16 +161,26 @@ class RolloutConsumer:
         self._unacked.append(entry_id)
         try:
             group = decode_entry(fields)
+        except SchemaMismatch as exc:
+            self.stats.unreadable += 1
+            log.error("rollout_unreadable", entry=entry_id, error=f"dropped: {exc}")
+            self._drop_named(fields, "unreadable")
+            return None
         except (ValidationError, KeyError) as exc:
             self.stats.malformed += 1
-            log.error("rollout_malformed", entry=entry_id, error=str(exc)[:300])
-            named = _named(fields)
-            if named is not None:
-                self._dropped.append(Dropped(*named, why="malformed"))
+            log.error(
+                "rollout_malformed",
+                entry=entry_id,
+                schema_version=written_version(fields.get(b"group", b"")),
+                reads_versions=f"{OLDEST_READ_VERSION}-{SCHEMA_VERSION}",
+                error=str(exc)[:300],
+            )
+            self._drop_named(fields, "malformed")
             return None
         if current_version - group.policy_version > self.max_staleness:
             self.stats.stale += 1
-            funnel = tuple(str(o) for o in group.data.get("funnel", []))
+            data = group.data
+            funnel = tuple(data.funnel) if isinstance(data, GeneratorGroupData) else ()
             self._dropped.append(Dropped(group.group_id, group.role, "stale", funnel))
             log.info(
                 "rollout_stale",
@@ -169,6 +192,12 @@ class RolloutConsumer:
             return None
         self.stats.read += 1
         return group
+
+    def _drop_named(self, fields: dict[bytes, bytes], why: str) -> None:
+        """An entry that could not be read frees the slot of the group it names, if any."""
+        named = _named(fields)
+        if named is not None:
+            self._dropped.append(Dropped(*named, why=why))
 
     def take_dropped(self) -> list[Dropped]:
         """The groups dropped since the last call."""

@@ -16,7 +16,7 @@ from evoenv_learner.grpo import group_advantages
 from evoenv_learner.orchestrator import Orchestrator
 from evoenv_learner.pool import Pool
 from shared.config import Settings
-from shared.messages import GradedGroup
+from shared.messages import GeneratorGroupData, GradedGroup
 
 if TYPE_CHECKING:
     from evoenv_learner.loop import LearnerState
@@ -35,10 +35,10 @@ async def settle_read(
     funnel); True if it goes to the trainer, False if it is skipped (over the prompt budget,
     or no reward variance: nothing to learn from)."""
     state.tokens += sum(len(c.token_ids) for c in group.completions)
-    if group.role == "generator":
+    if isinstance(group.data, GeneratorGroupData):  # a generator group (its data says so)
         orchestrator.generation_done(group.group_id)
-        _count(state.funnel, group.data.get("funnel", []))
-    elif group.data.get("over_budget"):
+        _count(state.funnel, group.data.funnel)
+    elif group.data.over_budget:
         orchestrator.over_budget(group.env_sha, group.difficulty)
         orchestrator.solver_settled(group.group_id, trained=False)
         return False
@@ -64,7 +64,7 @@ async def settle_read(
 def settle_dropped(
     dropped: Sequence[Dropped], orchestrator: Orchestrator, funnel: dict[str, int]
 ) -> None:
-    """Free the slots of groups the consumer dropped (stale, malformed); a stale generation
+    """Free the slots of groups the consumer dropped (stale, unreadable); a stale generation
     group's candidates were judged all the same, so its funnel counts."""
     for group in dropped:
         if group.role == "generator":

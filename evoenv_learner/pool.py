@@ -7,19 +7,18 @@ memory for sampling, with the seeds' floor, rotation and quarantine
 
 from __future__ import annotations
 
-import copy
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import structlog
 from sqlmodel import select
 
 from shared.config import PoolSettings
 from shared.db import Archive, EnvironmentRow, utcnow
+from shared.env_stats import DifficultySearch, EnvStats, Quarantine, Retirement, Served
 from shared.errors import PoolEmpty, UsageError
 from shared.messages import EnvRef
 from shared.static import check_static
@@ -86,17 +85,19 @@ class Pool:
     flags it in its stats and logs `env_quarantined`. Seeds are never quarantined (that would
     break the floor); their env_errors are logged as `seed_env_errors`, a bug to look into.
 
-    What the pool keeps in an environment's `stats` (other keys, such as the admission's
-    calibration figures, are left as they are):
+    What the pool keeps in an environment's stats (`EnvStats`, `shared/env_stats.py`; the other
+    fields, such as the admission's calibration figures, are left as they are):
 
         uses                 instances served
         epochs               whole epochs of use (uses // epoch_instances)
         gradings, env_errors graded completions, and how many of them were env_error
-        served               {difficulty: {"scored": n, "passes": n}}: non-env_error gradings
-                             and full-score ones per difficulty, when the caller reports them
+        served               {difficulty: Served(scored, passes)}: non-env_error gradings and
+                             full-score ones per difficulty, when the caller reports them
+        recent_groups        the last RECENT_GROUPS solver groups counted
         serving_difficulty   the level the solver is served at (see `difficulty.py`)
         serving_curve        {level: pass rate} of the last serving-difficulty search
-        pass_rate_history    the searches, oldest first: {"at", "level", "curve"} (last 50)
+        pass_rate_history    the searches, oldest first: DifficultySearch(at, level, curve)
+                             (the last 50)
         retired, quarantine  why and when the status changed
 
     Every update is a read-modify-write of one row in one transaction (`BEGIN IMMEDIATE` on
@@ -174,19 +175,17 @@ class Pool:
             raise ValueError(f"instances must be 0 or more, got {instances}")
         limit = self.settings.retire_after_epochs
 
-        def change(stats: dict[str, Any], status: str, origin: str) -> str:
-            stats["uses"] = int(stats.get("uses", 0)) + instances
-            stats["epochs"] = stats["uses"] // self.settings.epoch_instances
-            if status == "admitted" and origin != SEED_ORIGIN and stats["epochs"] >= limit:
-                stats["retired"] = {"reason": "rotation", "epochs": stats["epochs"], "at": _now()}
+        def change(stats: EnvStats, status: str, origin: str) -> str:
+            stats.uses += instances
+            stats.epochs = stats.uses // self.settings.epoch_instances
+            if status == "admitted" and origin != SEED_ORIGIN and stats.epochs >= limit:
+                stats.retired = Retirement(reason="rotation", epochs=stats.epochs, at=_now())
                 return "retired"
             return status
 
         before, after, stats, name = self._update(sha, change)
         if after == "retired" and before != "retired":
-            log.info(
-                "env_retired", env_sha=sha, env=name, reason="rotation", epochs=stats["epochs"]
-            )
+            log.info("env_retired", env_sha=sha, env=name, reason="rotation", epochs=stats.epochs)
         return after
 
     def record_gradings(
@@ -211,33 +210,35 @@ class Pool:
             raise ValueError(f"env_errors must be in [0, n={n}], got {env_errors}")
         settings = self.settings
 
-        def change(stats: dict[str, Any], status: str, origin: str) -> str:
+        def change(stats: EnvStats, status: str, origin: str) -> str:
             if group_id is not None:
-                recent = list(stats.get("recent_groups", []))
-                if group_id in recent:
+                if group_id in stats.recent_groups:
                     return status
-                stats["recent_groups"] = [*recent, group_id][-RECENT_GROUPS:]
-            stats["gradings"] = int(stats.get("gradings", 0)) + n
-            stats["env_errors"] = int(stats.get("env_errors", 0)) + env_errors
+                stats.recent_groups = [*stats.recent_groups, group_id][-RECENT_GROUPS:]
+            stats.gradings += n
+            stats.env_errors += env_errors
             if passes is not None and difficulty is not None:
-                served = stats.setdefault("served", {})
-                level = served.setdefault(str(difficulty), {"scored": 0, "passes": 0})
-                level["scored"] += n - env_errors
-                level["passes"] += passes
-            gradings, errors = stats["gradings"], stats["env_errors"]
+                level = stats.served.get(str(difficulty), Served(scored=0, passes=0))
+                stats.served = {
+                    **stats.served,
+                    str(difficulty): Served(
+                        scored=level.scored + n - env_errors, passes=level.passes + passes
+                    ),
+                }
+            gradings, errors = stats.gradings, stats.env_errors
             too_many = (
                 gradings >= settings.quarantine_min_gradings
                 and errors / gradings > settings.quarantine_error_rate
             )
             if too_many and status == "admitted" and origin != SEED_ORIGIN:
-                stats["quarantine"] = {
-                    "reason": "env_error rate",
-                    "gradings": gradings,
-                    "env_errors": errors,
-                    "rate": errors / gradings,
-                    "threshold": settings.quarantine_error_rate,
-                    "at": _now(),
-                }
+                stats.quarantine = Quarantine(
+                    reason="env_error rate",
+                    gradings=gradings,
+                    env_errors=errors,
+                    rate=errors / gradings,
+                    threshold=settings.quarantine_error_rate,
+                    at=_now(),
+                )
                 return "quarantined"
             return status
 
@@ -247,8 +248,8 @@ class Pool:
                 "env_quarantined",
                 env_sha=sha,
                 env=name,
-                gradings=stats["gradings"],
-                env_errors=stats["env_errors"],
+                gradings=stats.gradings,
+                env_errors=stats.env_errors,
                 threshold=settings.quarantine_error_rate,
             )
         elif env_errors and after == "seed":
@@ -257,20 +258,19 @@ class Pool:
                 env_sha=sha,
                 env=name,
                 env_errors=env_errors,
-                total_env_errors=stats["env_errors"],
+                total_env_errors=stats.env_errors,
             )
         return after
 
     def set_serving_difficulty(self, sha: str, level: int, curve: dict[int, float]) -> None:
         """Serve the environment at `level` from now on; keep the curve and its history."""
 
-        def change(stats: dict[str, Any], status: str, origin: str) -> str:
+        def change(stats: EnvStats, status: str, origin: str) -> str:
             measured = {str(k): float(v) for k, v in sorted(curve.items())}
-            stats["serving_difficulty"] = int(level)
-            stats["serving_curve"] = measured
-            history = list(stats.get("pass_rate_history", []))
-            history.append({"at": _now(), "level": int(level), "curve": measured})
-            stats["pass_rate_history"] = history[-HISTORY_LIMIT:]
+            stats.serving_difficulty = int(level)
+            stats.serving_curve = measured
+            search = DifficultySearch(at=_now(), level=int(level), curve=measured)
+            stats.pass_rate_history = [*stats.pass_rate_history, search][-HISTORY_LIMIT:]
             return status
 
         _, _, _, name = self._update(sha, change)
@@ -279,18 +279,18 @@ class Pool:
     def retire(self, sha: str, reason: str = "manual") -> None:
         """Take an admitted environment out of sampling (`evoenv pool retire`)."""
 
-        def change(stats: dict[str, Any], status: str, origin: str) -> str:
+        def change(stats: EnvStats, status: str, origin: str) -> str:
             if origin == SEED_ORIGIN or status == "seed":
                 raise UsageError("seeds are never retired from the pool")
-            stats["retired"] = {"reason": reason, "at": _now()}
+            stats.retired = Retirement(reason=reason, at=_now())
             return "retired"
 
         _, _, _, name = self._update(sha, change)
         log.info("env_retired", env_sha=sha, env=name, reason=reason)
 
     def _update(
-        self, sha: str, change: Callable[[dict[str, Any], str, str], str]
-    ) -> tuple[str, str, dict[str, Any], str]:
+        self, sha: str, change: Callable[[EnvStats, str, str], str]
+    ) -> tuple[str, str, EnvStats, str]:
         """Read-modify-write one row's stats and status in one transaction.
 
         `change(stats, status, origin)` edits the copy of the stats in place and returns the
@@ -300,7 +300,7 @@ class Pool:
             row = session.get(EnvironmentRow, sha, with_for_update=True)
             if row is None:
                 raise KeyError(f"no environment {sha} in the archive")
-            stats = copy.deepcopy(dict(row.stats or {}))
+            stats = row.stats.model_copy(deep=True)
             before = row.status
             after = change(stats, before, row.origin)
             row.stats = stats
@@ -368,8 +368,8 @@ def seed_pool(archive: Archive, seeds_dir: Path, *, max_source_bytes: int = 64 *
         for row in stale:
             if row.sha in current:
                 continue
-            stats = copy.deepcopy(dict(row.stats or {}))
-            stats["retired"] = {"reason": "superseded seed", "at": _now()}
+            stats = row.stats.model_copy(deep=True)
+            stats.retired = Retirement(reason="superseded seed", at=_now())
             row.stats, row.status, row.updated_at = stats, "retired", utcnow()
             session.add(row)
             log.info("seed_superseded", env_sha=row.sha, env=row.name)
@@ -379,23 +379,22 @@ def seed_pool(archive: Archive, seeds_dir: Path, *, max_source_bytes: int = 64 *
 
 
 def _entry(row: EnvironmentRow) -> PoolEntry:
-    stats = row.stats or {}
-    difficulty = stats.get("serving_difficulty", stats.get("calibration_difficulty"))
+    stats = row.stats
+    searched = stats.serving_difficulty is not None
     return PoolEntry(
         sha=row.sha,
         name=row.name,
         source=row.source,
         origin=row.origin,
-        difficulty=None if difficulty is None else int(difficulty),
-        searched="serving_difficulty" in stats,
+        difficulty=stats.serving_difficulty if searched else stats.calibration_difficulty,
+        searched=searched,
         solve_rate=_solve_rate(stats),
     )
 
 
-def _solve_rate(stats: dict[str, Any]) -> float | None:
-    levels = (stats.get("served") or {}).values()
-    scored = sum(int(level.get("scored", 0)) for level in levels)
-    passes = sum(int(level.get("passes", 0)) for level in levels)
+def _solve_rate(stats: EnvStats) -> float | None:
+    scored = sum(level.scored for level in stats.served.values())
+    passes = sum(level.passes for level in stats.served.values())
     return passes / scored if scored >= SOLVE_RATE_MIN_SCORED else None
 
 

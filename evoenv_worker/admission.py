@@ -17,6 +17,7 @@ import structlog
 from shared import keys
 from shared.config import Settings
 from shared.db import source_sha
+from shared.env_stats import CalibrationFigures, EnvStats, NoveltyFigures
 from shared.environment import TRAIN_SEEDS
 from shared.groups import GroupTracker
 from shared.messages import (
@@ -243,7 +244,10 @@ def conclude(ctx: WorkerContext, job: ValidateJob, report: ValidationReport) -> 
     if job.add_to_pool and report.verdict == "admitted" and report.name:
         archive.add_environment(report.name, job.source, status="candidate", origin="user")
         archive.update_environment(
-            sha, status="admitted", stats=admission_stats(report), embedding=embedding_of(report)
+            sha,
+            status="admitted",
+            stats=admission_stats(report, admitted=True),
+            embedding=embedding_of(report),
         )
         log.info("env_admitted", env=report.name, env_sha=sha, origin="user")
     return public
@@ -284,19 +288,22 @@ def embedding_of(report: ValidationReport) -> dict[str, Any] | None:
     return None
 
 
-def admission_stats(report: ValidationReport) -> dict[str, Any]:
+def admission_stats(report: ValidationReport, *, admitted: bool) -> EnvStats:
     """What the archive keeps of a judged candidate's model stages; `admitted_at` only when
-    the verdict is admitted (reports count an environment as admitted by it)."""
-    stats: dict[str, Any] = {"judged_at": time.time()}
-    if report.verdict == "admitted":
-        stats["admitted_at"] = stats["judged_at"]
+    it is `admitted` (reports count an environment as admitted by it)."""
+    judged_at = time.time()
+    stats = EnvStats(judged_at=judged_at)
+    if admitted:
+        stats.admitted_at = judged_at
     for stage in report.stages:
         if stage.stage == "calibration":
-            stats["calibration"] = stage.data
+            stats.calibration = CalibrationFigures.model_validate(stage.data)
             if "difficulty" in stage.data:
-                stats["calibration_difficulty"] = stage.data["difficulty"]
+                stats.calibration_difficulty = stage.data["difficulty"]
         elif stage.stage == "novelty":
-            stats["novelty"] = {k: v for k, v in stage.data.items() if k != "embedding"}
+            stats.novelty = NoveltyFigures.model_validate(
+                {k: v for k, v in stage.data.items() if k != "embedding"}
+            )
     return stats
 
 

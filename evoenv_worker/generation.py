@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
@@ -22,13 +22,20 @@ from shared.groups import GroupTracker
 from shared.inference import Sampling
 from shared.messages import (
     CandidateRef,
+    GeneratorGroupData,
     GradedCompletion,
     GradedGroup,
     ProposalJob,
+    Stage,
     ValidateJob,
     ValidationReport,
 )
-from shared.rewards import RepetitionTracker, generator_reward, mean_pairwise_similarity
+from shared.rewards import (
+    RepetitionTracker,
+    RewardParts,
+    generator_reward,
+    mean_pairwise_similarity,
+)
 from shared.rollouts import append_group
 
 if TYPE_CHECKING:
@@ -107,7 +114,7 @@ class Candidate:
     """What its admission left in the group's record: the full report, sha and source."""
     report: ValidationReport | None
     """Its full report (None: its admission left none)."""
-    failed: str | None
+    failed: Stage | Literal["error", "expired"] | None
     """The funnel outcome: the first stage it failed, "error", "expired", or None (admitted)."""
     embedding: EnvEmbedding | None = None
     known: str | None = None
@@ -146,7 +153,7 @@ def finalize_group(ctx: WorkerContext, run: str, group_id: str) -> GradedGroup:
     log.info(
         "generation_group_done",
         group_id=group_id,
-        funnel=group.data["funnel"],
+        funnel=[r.failed or "admitted" for r in rows],
         rewards=[c.reward for c in completions],
     )
     return group
@@ -234,7 +241,7 @@ def _graded(
         )
     a = ctx.settings.admission
     parts = generator_reward(row.failed, row.pass_rate, row.similarity, gamma, a)
-    _record_candidate(ctx, row, meta, parts.model_dump())
+    _record_candidate(ctx, row, meta, parts)
     return GradedCompletion(
         **completion,
         reward=parts.total,
@@ -264,11 +271,13 @@ def _generator_group(
         prompt=str(meta.get("prompt", "")),
         policy_version=min(versions, default=0),
         completions=completions,
-        data={
-            "funnel": [r.failed or "admitted" for r in rows],
-            "gamma": gamma,
-            "parents": meta.get("parents", []),
-        },
+        data=GeneratorGroupData.model_validate(
+            {
+                "funnel": [r.failed or "admitted" for r in rows],
+                "gamma": gamma,
+                "parents": meta.get("parents", []),
+            }
+        ),
     )
 
 
@@ -350,7 +359,7 @@ def _record_candidate(
     ctx: WorkerContext,
     row: Candidate,
     meta: dict[str, Any],
-    reward: dict[str, Any] | None,
+    reward: RewardParts | None,
     expired: str = "",
 ) -> None:
     """The candidate in the archive: admitted only if every stage passed, with its lineage
@@ -369,15 +378,11 @@ def _record_candidate(
     )
     clash = archive.by_name(report.name)
     admitted = row.failed is None and (clash is None or clash.sha == sha)
-    stats = {**admission_stats(report), "reward": reward, "funnel": row.failed or "admitted"}
+    stats = admission_stats(report, admitted=admitted)
+    stats.reward = reward
+    stats.funnel = "name clash" if row.failed is None and not admitted else row.failed or "admitted"
     if expired:
-        stats["expired"] = expired
-    if admitted:
-        stats.setdefault("admitted_at", stats["judged_at"])
-    else:
-        stats.pop("admitted_at", None)
-    if row.failed is None and not admitted:
-        stats["funnel"] = "name clash"
+        stats.expired = expired
     archive.update_environment(
         sha,
         status="admitted" if admitted else "rejected",

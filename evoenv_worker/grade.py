@@ -17,6 +17,7 @@ from shared.messages import (
     ConstantJob,
     GradedCompletion,
     GradedGroup,
+    SolverGroupData,
     SolverJob,
 )
 
@@ -109,7 +110,7 @@ def grade_group(sandbox: Sandbox, job: SolverJob, settings: Settings) -> GradedG
     retries them.
     """
     if job.over_budget:  # nothing was sampled: the orchestrator serves it one level easier
-        return _group(job, [], {"over_budget": True})
+        return _group(job, [], SolverGroupData(over_budget=True))
     cap = settings.validation.answer_cap
     extractions = [extract_answer(c.text, cap) for c in job.completions]
     answers = [e.answer for e in extractions]
@@ -140,10 +141,10 @@ def grade_group(sandbox: Sandbox, job: SolverJob, settings: Settings) -> GradedG
                 **base, reward=grade.reward, outcome=grade.outcome.value, detail=grade.detail
             )
         )
-    return _group(job, graded, {"env_error": instance_error} if instance_error else {})
+    return _group(job, graded, SolverGroupData(env_error=instance_error or None))
 
 
-def _group(job: SolverJob, graded: list[GradedCompletion], data: dict[str, object]) -> GradedGroup:
+def _group(job: SolverJob, graded: list[GradedCompletion], data: SolverGroupData) -> GradedGroup:
     """The graded group of a job; its age is its oldest completion's policy version."""
     versions = [c.policy_version for c in job.completions]
     return GradedGroup(

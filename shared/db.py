@@ -1,11 +1,6 @@
-"""The archive: environments, validation reports, policy versions, checkpoints and metrics.
-
-SQLModel over SQLite (WAL, a busy timeout and `BEGIN IMMEDIATE` transactions, so several worker
-processes can write at once without "database is locked") or PostgreSQL (by URL, when workers
-span machines). Rows written by jobs are keyed so that a redelivered job writes nothing twice:
-environments by the sha256 of their source, validation reports by job id. The schema is
-created on first use; `SCHEMA_VERSION` is recorded so later changes can migrate explicitly.
-"""
+"""The archive: environments, validation reports, policy versions, checkpoints and metrics, in
+SQLite or PostgreSQL (SQLModel). Rows written by jobs are keyed so that a redelivered job
+writes nothing twice; the schema versions it reads are listed at `SCHEMA_VERSION`."""
 
 from __future__ import annotations
 
@@ -18,14 +13,35 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import JSON, Column, event, text
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Dialect, Engine
+from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, Session, SQLModel, create_engine, select
 
+from shared.env_stats import EnvStats
+from shared.errors import SchemaMismatch
 from shared.messages import ValidationReport
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""The archive's version; it reads every one up to this. The schema is created on first use,
+and each version that opened the archive is recorded in it:
+
+    1  an environment's `stats` is a free JSON dict
+    2  it is `EnvStats` (`shared/env_stats.py`), validated on every write and read
+
+An archive of version 1 is read as it is, with no migration: version 2 stores the same JSON
+(everything version 1 wrote fits the model, and version 1 reads what version 2 writes), and
+records its own version beside the first. An archive a newer version has opened is refused
+when it is opened, with one line (`SchemaMismatch`) that says which version it needs and what
+to do, rather than row by row later: stats with a field this version does not know do not
+validate. A row whose stats do not validate is refused with one line where it is read.
+
+SQLite runs with WAL, a busy timeout and `BEGIN IMMEDIATE` transactions, so several worker
+processes can write at once without "database is locked"; PostgreSQL (by URL) when workers
+span machines. Environments are keyed by the sha256 of their source, validation reports by
+job id."""
 SCHEMA_LOCK = 0x65766F656E76
 """PostgreSQL advisory lock held while the schema is created."""
 
@@ -42,6 +58,32 @@ def source_sha(source: str | bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+class StatsColumn(TypeDecorator[EnvStats]):
+    """An environment's `stats`: `EnvStats` in Python, its `to_json()` in the database."""
+
+    impl = JSON
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        if not isinstance(value, EnvStats):
+            raise TypeError(f"stats are written as EnvStats, got {type(value).__name__}")
+        return value.to_json()
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> EnvStats:
+        try:
+            return EnvStats.from_json(value)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            where = ".".join(str(part) for part in error["loc"])
+            raise SchemaMismatch(
+                f"an environment's stats in the archive do not fit archive schema version "
+                f"{SCHEMA_VERSION} ({where}: {error['msg']}): open the archive with the EvoEnv "
+                "version that wrote them"
+            ) from exc
+
+
 class EnvironmentRow(SQLModel, table=True):
     __tablename__ = "environments"
 
@@ -52,8 +94,8 @@ class EnvironmentRow(SQLModel, table=True):
     origin: str = "user"
     """seed, generated or user."""
     parents: list[str] = Field(default_factory=list, sa_column=Column(JSON))
-    stats: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
-    """Validation, calibration, serving difficulty, use counts, error counts."""
+    stats: EnvStats = Field(default_factory=EnvStats, sa_column=Column(StatsColumn()))
+    """Admission's figures, serving difficulty, use and error counts (`EnvStats`)."""
     embedding: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     """Novelty embeddings of the prompt and the code (the workers' novelty stage)."""
     created_at: datetime = Field(default_factory=utcnow)
@@ -120,10 +162,22 @@ def make_engine(url: str) -> Engine:
             # (UniqueViolation on pg_type); SQLite's BEGIN IMMEDIATE already serialises them.
             connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK})
         SQLModel.metadata.create_all(connection)
+        _check_version(connection.execute(text("SELECT max(version) FROM schema_version")))
     with Session(engine) as session:
         _insert_ignore(session, SchemaRow, [{"version": SCHEMA_VERSION, "applied_at": utcnow()}])
         session.commit()
     return engine
+
+
+def _check_version(result: Any) -> None:
+    """Refuse an archive that a newer version has opened (see the module docstring)."""
+    newest = result.scalar()
+    if newest is not None and int(newest) > SCHEMA_VERSION:
+        raise SchemaMismatch(
+            f"the archive was written by archive schema version {newest}; this EvoEnv reads "
+            f"versions up to {SCHEMA_VERSION}: run the EvoEnv that wrote it, or give this one "
+            "a new archive (EVOENV_DATABASE_URL, or another EVOENV_DATA_DIR)"
+        )
 
 
 def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -195,7 +249,7 @@ class Archive:
             "status": status,
             "origin": origin,
             "parents": list(parents),
-            "stats": {},
+            "stats": EnvStats(),
             "created_at": now,
             "updated_at": now,
         }
@@ -275,18 +329,19 @@ class Archive:
         sha: str,
         *,
         status: str | None = None,
-        stats: dict[str, Any] | None = None,
+        stats: EnvStats | None = None,
         embedding: dict[str, Any] | None = None,
     ) -> None:
-        """Set the status, merge `stats` into the row's stats, and/or store its embeddings."""
+        """Set the status, merge `stats` into the row's stats (each field its JSON holds takes
+        its value: `EnvStats.merged`), and/or store its embeddings."""
         with self.session() as session:
             row = session.get(EnvironmentRow, sha, with_for_update=True)
             if row is None:
                 raise KeyError(f"no environment {sha} in the archive")
             if status is not None:
                 row.status = status
-            if stats:
-                row.stats = {**(row.stats or {}), **stats}
+            if stats is not None:
+                row.stats = row.stats.merged(stats)
             if embedding is not None:
                 row.embedding = embedding
             row.updated_at = utcnow()

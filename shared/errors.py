@@ -15,6 +15,8 @@ class EvoEnvError(Exception):
         ├── PoolEmpty            the pool has nothing to sample (the seeds were never recorded?)
         ├── DiskFull             a checkpoint or a weight push does not fit on the disk
         ├── UsageError           bad input from a person: one line that says what to fix
+        │   └── SchemaMismatch   stored data (the archive, a stream entry) of a schema version
+        │                        this code does not read: which version, and what to do
         └── EnvironmentOutputError  what an environment returned cannot be used by a check
 
     A broken *environment* is never an exception past the check that found it: it is a result
@@ -47,6 +49,11 @@ class DiskFull(EvoEnvError):
 
 class UsageError(EvoEnvError):
     """A person's input is wrong; the message is one line that says what to fix."""
+
+
+class SchemaMismatch(UsageError):
+    """Data written by a schema version this code does not read (an archive, a stream entry,
+    a message); the message names both versions and says what to do."""
 
 
 class EnvironmentOutputError(EvoEnvError):

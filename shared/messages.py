@@ -1,27 +1,61 @@
-"""Wire payloads: one pydantic model per message between processes, each with a schema version.
-
-A message that does not match its model is rejected where it is received, with the reason.
-"""
+"""Wire payloads: one pydantic model per message between processes, each with a schema
+version; a message that does not match its model, or whose version is outside
+`OLDEST_READ_VERSION`..`SCHEMA_VERSION`, is rejected where it is received, with the reason."""
 
 from __future__ import annotations
 
 import base64
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""The version every message is written with:
+
+    1  a graded group's `data` is a free dict
+    2  it is typed: `SolverGroupData` or `GeneratorGroupData`, by the group's role
+
+A version-1 message is read as it is: the other payloads did not change, and everything
+version 1 put in a graded group's `data` fits its typed model (a stream entry whose data does
+not is dropped as malformed, where it is read, with both versions in the log line)."""
+OLDEST_READ_VERSION = 1
+"""The oldest version a message is still read from."""
 
 Verdict = Literal["admitted", "rejected", "error"]
 Stage = Literal["L1", "L2", "L3", "L4", "L5", "review", "calibration", "novelty"]
 MECHANICAL_STAGES: tuple[Stage, ...] = ("L1", "L2", "L3", "L4", "L5")
 MODEL_STAGES: tuple[Stage, ...] = ("review", "calibration", "novelty")
+FunnelOutcome = Literal[
+    "L1", "L2", "L3", "L4", "L5", "review", "calibration", "novelty", "error", "admitted"
+]
+"""A generated candidate's admission outcome: the first stage it failed, `error` (its check
+could not run), or `admitted`."""
+
+
+def version_problem(version: object) -> str | None:
+    """Why a message of schema version `version` is not read (None: it is)."""
+    if isinstance(version, int) and OLDEST_READ_VERSION <= version <= SCHEMA_VERSION:
+        return None
+    return (
+        f"written with message schema version {version}; this EvoEnv reads versions "
+        f"{OLDEST_READ_VERSION}-{SCHEMA_VERSION}: run the workers and the learner from the "
+        "same EvoEnv version"
+    )
 
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     schema_version: int = SCHEMA_VERSION
+    """The version of the code that wrote the message."""
+
+    @field_validator("schema_version")
+    @classmethod
+    def _readable(cls, version: int) -> int:
+        problem = version_problem(version)
+        if problem is not None:
+            raise ValueError(problem)
+        return version
 
 
 class Trigger(BaseModel):
@@ -187,6 +221,31 @@ class GradedCompletion(CompletionRecord):
     detail: str = ""
 
 
+class SolverGroupData(BaseModel):
+    """What a solver group carries beside its completions."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    over_budget: bool = False
+    """Its prompt was over the prompt budget: nothing was sampled (no completions), and the
+    orchestrator serves the environment one level easier."""
+    env_error: str | None = None
+    """Why the instance could not be made or graded (every completion is then env_error)."""
+
+
+class GeneratorGroupData(BaseModel):
+    """What a generation group carries beside its completions (one per candidate)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    funnel: list[FunnelOutcome]
+    """Each candidate's admission outcome, in candidate order."""
+    gamma: float
+    """The repetition factor the novelty bonus of its rewards was computed with."""
+    parents: list[str] = Field(default_factory=list)
+    """sha of the pool members the proposal prompt showed as examples."""
+
+
 class GradedGroup(Message):
     """One entry of the rollout stream: a group of completions for one prompt, graded."""
 
@@ -201,8 +260,19 @@ class GradedGroup(Message):
     policy_version: int
     """The oldest policy version among the completions: the group's age."""
     completions: list[GradedCompletion]
-    data: dict[str, Any] = Field(default_factory=dict)
-    """Role-specific extras (a generator group's stage results, rewards' parts...)."""
+    data: SolverGroupData | GeneratorGroupData = Field(default_factory=SolverGroupData)
+    """What its role carries beside the completions: `GeneratorGroupData` for a generator
+    group, `SolverGroupData` for a solver group."""
+
+    @model_validator(mode="after")
+    def _data_of_its_role(self) -> GradedGroup:
+        expected = GeneratorGroupData if self.role == "generator" else SolverGroupData
+        if not isinstance(self.data, expected):
+            raise ValueError(
+                f"a {self.role} group's data is a {expected.__name__}, "
+                f"got a {type(self.data).__name__}"
+            )
+        return self
 
 
 class ConstantJob(Message):

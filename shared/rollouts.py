@@ -7,10 +7,14 @@ cannot leave a marker without an entry (or the reverse).
 
 from __future__ import annotations
 
+import json
+
 import redis
+from pydantic import ValidationError
 
 from shared import keys
-from shared.messages import GradedGroup
+from shared.errors import SchemaMismatch
+from shared.messages import GradedGroup, version_problem
 
 SEEN_TTL_SECONDS = 14 * 24 * 3600
 """How long a group id is remembered after its append (longer than any redelivery)."""
@@ -36,5 +40,24 @@ def append_group(client: redis.Redis, group: GradedGroup) -> str | None:
 
 
 def decode_entry(fields: dict[bytes, bytes]) -> GradedGroup:
-    """The graded group of one stream entry (raises pydantic.ValidationError if malformed)."""
-    return GradedGroup.model_validate_json(fields[b"group"])
+    """The graded group of one stream entry. Raises `SchemaMismatch` for an entry of a schema
+    version this code does not read, pydantic.ValidationError for another malformed one, and
+    KeyError for an entry with no group."""
+    raw = fields[b"group"]
+    try:
+        return GradedGroup.model_validate_json(raw)
+    except ValidationError as exc:
+        version = written_version(raw)
+        problem = None if version is None else version_problem(version)
+        if problem is not None:
+            raise SchemaMismatch(f"stream entry {problem}") from exc
+        raise
+
+
+def written_version(raw: bytes) -> object:
+    """The schema version an entry says it was written with (None: it says none)."""
+    try:
+        entry = json.loads(raw)
+    except ValueError:
+        return None
+    return entry.get("schema_version") if isinstance(entry, dict) else None

@@ -5,7 +5,6 @@ stages would have (no model); the embeddings are made-up unit vectors."""
 from __future__ import annotations
 
 import ast
-import json
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +107,7 @@ def test_a_copy_of_a_seed_is_not_admitted_and_the_seed_is_left_alone(ctx: Worker
         ],
     )
 
-    assert group.data["funnel"] == ["novelty", "admitted"]
+    assert group.data.funnel == ["novelty", "admitted"]
     copy_reward, new_reward = (c.reward for c in group.completions)
     assert copy_reward is not None and new_reward is not None
     assert copy_reward < new_reward  # no novelty bonus for the copy
@@ -117,8 +116,9 @@ def test_a_copy_of_a_seed_is_not_admitted_and_the_seed_is_left_alone(ctx: Worker
     assert (seed_after.status, seed_after.stats) == (seed_before.status, seed_before.stats)
     admitted = archive.environment(source_sha(new))
     assert admitted is not None and admitted.status == "admitted"
-    assert admitted.stats["funnel"] == "admitted"
-    assert json.dumps(admitted.stats["calibration"])  # kept with the admission
+    assert admitted.stats.funnel == "admitted"
+    calibration = {"pass_rate": 0.25, "passes": 2, "instances": 8, "difficulty": 1}
+    assert admitted.stats.to_json()["calibration"] == calibration  # kept with the admission
     # The copy's report said admitted (every stage passed); it now says what the group decided.
     copy_report = archive.validation("g1-0")
     assert copy_report is not None
@@ -140,7 +140,7 @@ def test_a_candidate_like_an_earlier_one_of_its_group_is_rejected_and_its_report
             (second, passed_everything("walk_b", 2, 0.5)),
         ],
     )
-    assert group.data["funnel"] == ["admitted", "novelty"]
+    assert group.data.funnel == ["admitted", "novelty"]
     archive = ctx.archive()
     kept = archive.environment(source_sha(first))
     dropped = archive.environment(source_sha(second))
@@ -176,8 +176,8 @@ def test_an_expired_group_is_recorded_as_such_and_nothing_of_it_reaches_the_stre
     archive = ctx.archive()
     row = archive.environment(source_sha(done))
     assert row is not None and row.status == "rejected" and row.parents == ["parent-sha"]
-    assert row.stats["funnel"] == "expired" and row.stats["reward"] is None
-    assert "60 s" in row.stats["expired"]
+    assert row.stats.funnel == "expired" and row.stats.to_json()["reward"] is None
+    assert row.stats.expired is not None and "60 s" in row.stats.expired
     running = archive.validation("g2-1")
     assert running is not None and running.verdict == "error"
     assert running.error is not None and running.error.startswith("expired: ")
@@ -191,7 +191,7 @@ def test_a_group_that_completed_first_does_not_expire(ctx: WorkerContext) -> Non
     finish(ctx, [("class A: pass\n", passed_everything("a_thing", 2, 0.2))])
     assert expire_group(ctx, RUN, "g1", "too late") is False
     row = ctx.archive().environment(source_sha("class A: pass\n"))
-    assert row is not None and row.stats["funnel"] == "admitted"
+    assert row is not None and row.stats.funnel == "admitted"
 
 
 def test_a_group_whose_proposal_never_ran_expires_with_no_records(ctx: WorkerContext) -> None:

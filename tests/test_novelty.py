@@ -30,6 +30,7 @@ from evoenv_worker.novelty import (
 )
 from evoenv_worker.sandbox.host import Sandbox
 from shared.config import AdmissionSettings, Settings
+from shared.env_stats import NoveltyFigures
 from shared.messages import StageReport
 
 REPO = Path(__file__).resolve().parents[1]
@@ -259,6 +260,8 @@ def test_a_members_solve_under_another_prompt_is_a_near_copy(
     assert not report.ok, report.detail
     assert report.data["same_oracle"] == "longest_increasing_subsequence"
     assert report.data["similarity"] == 1.0  # no novelty bonus for the generator either
+    kept = {k: v for k, v in report.data.items() if k != "embedding"}  # what the archive keeps
+    assert NoveltyFigures.model_validate(kept).same_oracle == "longest_increasing_subsequence"
     assert "its reference equals longest_increasing_subsequence's on each of 8" in report.detail
 
     # With the check off only the embeddings decide; they do not see it.

@@ -15,6 +15,7 @@ import structlog
 from evoenv_learner.pool import Pool, PoolEmpty, PoolEntry, seed_pool
 from shared.config import PoolSettings
 from shared.db import Archive, EnvironmentRow, source_sha
+from shared.env_stats import CalibrationFigures, EnvStats, Served
 from shared.errors import UsageError
 
 SEEDS_DIR = Path(__file__).resolve().parents[1] / "seeds"
@@ -63,7 +64,7 @@ def test_seed_pool_records_the_ten_seeds_once(archive: Archive) -> None:
     assert seed_pool(archive, SEEDS_DIR) == shas  # idempotent by content hash...
     assert len(archive.environments()) == 10
     row = archive.environment(shas[0])
-    assert row is not None and row.stats["uses"] == 5  # ...and the stats are kept
+    assert row is not None and row.stats.uses == 5  # ...and the stats are kept
 
 
 def test_seed_pool_retires_a_superseded_seed(archive: Archive, tmp_path: Path) -> None:
@@ -165,14 +166,15 @@ def test_rotation_retires_after_the_configured_epochs(archive: Archive) -> None:
     for _ in range(11):  # 11 instances: 2 whole epochs
         assert pool.record_use(sha, 1) == "admitted"
     row = archive.environment(sha)
-    assert row is not None and (row.stats["uses"], row.stats["epochs"]) == (11, 2)
+    assert row is not None and (row.stats.uses, row.stats.epochs) == (11, 2)
     assert sha in pool
 
     with structlog.testing.capture_logs() as logs:
         assert pool.record_use(sha, 1) == "retired"  # the 12th instance ends epoch 3
     assert status_of(archive, sha) == "retired"
     row = archive.environment(sha)
-    assert row is not None and row.stats["retired"]["reason"] == "rotation"
+    assert row is not None and row.stats.retired is not None
+    assert row.stats.retired.reason == "rotation"
     assert any(e["event"] == "env_retired" and e["env_sha"] == sha for e in logs)
     assert sha not in pool
     rng = random.Random(0)
@@ -195,9 +197,10 @@ def test_quarantine_after_repeated_env_errors(archive: Archive) -> None:
         assert pool.record_gradings(sha, 8, 2) == "quarantined"  # 28 gradings, 6 errors: 0.21
     row = archive.environment(sha)
     assert row is not None and row.status == "quarantined"
-    assert (row.stats["gradings"], row.stats["env_errors"]) == (28, 6)
-    assert row.stats["quarantine"]["rate"] == pytest.approx(6 / 28)
-    assert row.stats["served"] == {"5": {"scored": 8, "passes": 3}}
+    assert (row.stats.gradings, row.stats.env_errors) == (28, 6)
+    assert row.stats.quarantine is not None
+    assert row.stats.quarantine.rate == pytest.approx(6 / 28)
+    assert row.stats.served == {"5": Served(scored=8, passes=3)}
     (event,) = [e for e in logs if e["event"] == "env_quarantined"]
     assert event["env_sha"] == sha and event["log_level"] == "warning"
     assert sha not in pool
@@ -218,13 +221,13 @@ def test_a_group_read_again_after_a_restart_is_counted_once(archive: Archive) ->
     fresh.record_gradings(sha, 8, 0, passes=5, difficulty=2, group_id="g2")
     row = archive.environment(sha)
     assert row is not None
-    assert (row.stats["gradings"], row.stats["env_errors"]) == (16, 1)
-    assert row.stats["served"] == {"2": {"scored": 15, "passes": 8}}
+    assert (row.stats.gradings, row.stats.env_errors) == (16, 1)
+    assert row.stats.served == {"2": Served(scored=15, passes=8)}
     for index in range(300):  # only the last RECENT_GROUPS ids are kept
         fresh.record_gradings(sha, 1, 0, group_id=f"x{index}")
     row = archive.environment(sha)
-    assert row is not None and len(row.stats["recent_groups"]) == 256
-    assert row.stats["gradings"] == 316
+    assert row is not None and len(row.stats.recent_groups) == 256
+    assert row.stats.gradings == 316
 
 
 def test_solve_rate_over_every_level_once_enough_answers_are_graded(archive: Archive) -> None:
@@ -248,7 +251,9 @@ def test_serving_difficulty_and_history_are_kept(archive: Archive) -> None:
     with archive.session() as session:  # admission's own figures must survive our updates
         row = session.get(EnvironmentRow, sha)
         assert row is not None
-        row.stats = {"calibration_difficulty": 5, "pass_rate": 0.25}
+        row.stats = EnvStats(
+            calibration_difficulty=5, calibration=CalibrationFigures(pass_rate=0.25)
+        )
         session.add(row)
         session.commit()
     pool = Pool(archive, PoolSettings())
@@ -259,10 +264,11 @@ def test_serving_difficulty_and_history_are_kept(archive: Archive) -> None:
     pool.record_use(sha, 3)
     row = archive.environment(sha)
     assert row is not None
-    assert row.stats["calibration_difficulty"] == 5 and row.stats["pass_rate"] == 0.25
-    assert row.stats["serving_difficulty"] == 6
-    assert row.stats["serving_curve"] == {"6": 0.375, "7": 0.125}
-    assert [h["level"] for h in row.stats["pass_rate_history"]] == [7, 6]
+    assert row.stats.calibration_difficulty == 5
+    assert row.stats.calibration == CalibrationFigures(pass_rate=0.25)
+    assert row.stats.serving_difficulty == 6
+    assert row.stats.serving_curve == {"6": 0.375, "7": 0.125}
+    assert [h.level for h in row.stats.pass_rate_history] == [7, 6]
     assert pool.members[0].difficulty == 6
     assert Pool(archive, PoolSettings()).members[0].difficulty == 6
 
@@ -303,4 +309,4 @@ def test_concurrent_updates_lose_no_count(archive: Archive) -> None:
         list(executor.map(work, pools))
     row = archive.environment(sha)
     assert row is not None
-    assert (row.stats["uses"], row.stats["gradings"]) == (100, 200)
+    assert (row.stats.uses, row.stats.gradings) == (100, 200)

@@ -22,6 +22,7 @@ from evoenv_cli.run_report import (
 from evoenv_learner.evaluate import wilson
 from shared.config import Settings
 from shared.db import Archive
+from shared.env_stats import CalibrationFigures, EnvStats
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 RUN = "paper"
@@ -66,11 +67,11 @@ def archive(tmp_path: Path) -> Archive:
         (("admitted", 3), ("admitted", 3), ("admitted", 5), ("retired", 4))
     ):
         sha = archive.add_environment(f"gen{i}", f"# generated {i}\n", origin="generated")
-        calibration = {"difficulty": level, "pass_rate": 0.5, "passes": 4, "instances": 8}
-        stats = {"admitted_at": 1.0, "calibration": calibration, "serving_difficulty": level + 1}
+        calibration = CalibrationFigures(difficulty=level, pass_rate=0.5, passes=4, instances=8)
+        stats = EnvStats(admitted_at=1.0, calibration=calibration, serving_difficulty=level + 1)
         archive.update_environment(sha, status=status, stats=stats)
     rejected = archive.add_environment("bad", "# rejected\n", origin="generated")
-    archive.update_environment(rejected, status="rejected", stats={"funnel": "L3"})
+    archive.update_environment(rejected, status="rejected", stats=EnvStats(funnel="L3"))
     return archive
 
 

@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from evoenv_learner.grpo import Role
 from evoenv_learner.trainer import Trainer
 from shared.config import GrpoSettings
-from shared.messages import GradedCompletion, GradedGroup
+from shared.messages import GeneratorGroupData, GradedCompletion, GradedGroup, SolverGroupData
 
 VOCAB = 128
 
@@ -94,6 +94,11 @@ def make_group(
         prompt="p",
         policy_version=0,
         completions=completions,
+        data=(
+            GeneratorGroupData(funnel=["admitted"] * len(completions), gamma=1.0)
+            if role == "generator"
+            else SolverGroupData()
+        ),
     )
 
 

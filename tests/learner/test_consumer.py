@@ -9,7 +9,7 @@ import redis
 import redis.asyncio as aioredis
 
 from evoenv_learner.consumer import Dropped, RolloutConsumer
-from shared.messages import GradedCompletion, GradedGroup
+from shared.messages import GeneratorGroupData, GradedCompletion, GradedGroup
 from shared.rollouts import append_group
 
 pytestmark = pytest.mark.integration
@@ -173,7 +173,10 @@ def go_sorted(ids: list[str]) -> list[str]:
 
 def test_dropped_groups_are_handed_on_so_their_slots_are_freed(redis_url: str) -> None:
     stale_generator = group("gen", 1).model_copy(
-        update={"role": "generator", "data": {"funnel": ["L1", "admitted"]}}
+        update={
+            "role": "generator",
+            "data": GeneratorGroupData(funnel=["L1", "admitted"], gamma=1.0),
+        }
     )
     fill(redis_url, [stale_generator, group("solver-old", 1), group("fresh", 10)])
     client = redis.Redis.from_url(redis_url)

@@ -17,6 +17,7 @@ from evoenv_learner.orchestrator import Orchestrator
 from evoenv_learner.pool import Pool, PoolEntry
 from shared.config import Settings
 from shared.db import Archive, EnvironmentRow
+from shared.env_stats import CalibrationFigures, EnvStats
 from shared.environment import TRAIN_SEEDS
 from shared.messages import SolverJob
 
@@ -78,7 +79,9 @@ def archive(tmp_path: Path) -> Archive:
         with archive.session() as session:
             row = session.get(EnvironmentRow, sha)
             assert row is not None
-            row.stats = {"calibration_difficulty": 5, "calibration": {"pass_rate": 0.25}}
+            row.stats = EnvStats(
+                calibration_difficulty=5, calibration=CalibrationFigures(pass_rate=0.25)
+            )
             session.add(row)
             session.commit()
     return archive
@@ -97,7 +100,7 @@ def member(orchestrator: Orchestrator, name: str) -> PoolEntry:
 def stats(archive: Archive, orchestrator: Orchestrator, name: str) -> dict[str, Any]:
     row = archive.environment(member(orchestrator, name).sha)
     assert row is not None
-    return dict(row.stats)
+    return row.stats.to_json()
 
 
 async def drive(orchestrator: Orchestrator, measure: FakeSolver, *wanted: str) -> None:

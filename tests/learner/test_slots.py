@@ -27,7 +27,13 @@ from evoenv_learner.orchestrator import Orchestrator
 from evoenv_learner.pool import PoolEntry
 from shared import pauses
 from shared.config import Settings
-from shared.messages import GradedCompletion, GradedGroup, ProposalJob
+from shared.messages import (
+    GeneratorGroupData,
+    GradedCompletion,
+    GradedGroup,
+    ProposalJob,
+    SolverGroupData,
+)
 
 pytestmark = pytest.mark.timeout(30)
 SEED = Path(__file__).resolve().parents[2] / "seeds" / "sort_words.py"
@@ -130,7 +136,11 @@ def group(role: str, rewards: list[float], *, version: int = 0, gid: str = "g") 
         prompt="p",
         policy_version=version,
         completions=completions,
-        data={"funnel": ["L1", "admitted"] * (len(rewards) // 2)} if role == "generator" else {},
+        data=(
+            GeneratorGroupData(funnel=["L1", "admitted"] * (len(rewards) // 2), gamma=1.0)
+            if role == "generator"
+            else SolverGroupData()
+        ),
     )
 
 

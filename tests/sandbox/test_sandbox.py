@@ -25,9 +25,17 @@ from evoenv_worker.model_stages import calibration_stage
 from evoenv_worker.sandbox import confine, host, launch
 from evoenv_worker.sandbox.host import Sandbox
 from shared.config import SandboxSettings, Settings
+from shared.env_stats import CalibrationFigures
 from shared.environment import Environment, make_rng, seed_global_random
 from shared.errors import SandboxFailure, SandboxUnavailable
-from shared.messages import CompletionRecord, EnvRef, SolverJob, StageJob, Trace
+from shared.messages import (
+    CompletionRecord,
+    EnvRef,
+    SolverGroupData,
+    SolverJob,
+    StageJob,
+    Trace,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -542,11 +550,12 @@ def test_grade_group_grades_a_group_in_one_grade_op(
     graded = [(c.outcome, c.reward) for c in group.completions]
     assert graded == [("scored", 1.0), ("scored", 0.0), ("format_error", 0.0), ("env_error", None)]
     assert "ValueError: cannot read raise" in group.completions[3].detail
-    assert group.data == {}
+    assert group.data == SolverGroupData()
 
     failed = grade_group(sandbox, job.model_copy(update={"difficulty": 9}), settings)
     assert [(c.outcome, c.reward) for c in failed.completions] == [("env_error", None)] * 4
-    assert failed.data["env_error"].startswith("sampling failed: sample raised RuntimeError")
+    assert isinstance(failed.data, SolverGroupData) and failed.data.env_error is not None
+    assert failed.data.env_error.startswith("sampling failed: sample raised RuntimeError")
 
 
 def test_calibration_grades_one_answer_per_instance(
@@ -572,6 +581,7 @@ def test_calibration_grades_one_answer_per_instance(
     report = calibration_stage(sandbox, job, settings)
     assert report.ok, report
     assert (report.data["passes"], report.data["env_errors"]) == (2, 0)
+    assert CalibrationFigures.model_validate(report.data).instances == 3  # the archive keeps it
     [(args, kwargs)] = calls
     assert args[1] == [grade(1, 2, [rights[0]]), grade(2, 2, [rights[1]]), grade(3, 2, [None])]
     assert kwargs["op_seconds"] == grade_op_seconds(settings, 1)

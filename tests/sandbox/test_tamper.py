@@ -9,7 +9,7 @@ from evoenv_worker.grade import grade_group
 from evoenv_worker.sandbox import runner
 from evoenv_worker.sandbox.host import Sandbox
 from shared.config import SandboxSettings, Settings
-from shared.messages import CompletionRecord, EnvRef, SolverJob
+from shared.messages import CompletionRecord, EnvRef, SolverGroupData, SolverJob
 
 TEMPLATE = """
 import random
@@ -98,4 +98,5 @@ def test_a_group_graded_by_a_tampering_scorer_is_an_env_error(
     )
     group = grade_group(sandbox, job, Settings(sandbox=confined_settings))
     assert [(c.outcome, c.reward) for c in group.completions] == [("env_error", None)] * 3
-    assert runner.TAMPERED in str(group.data["env_error"])
+    assert isinstance(group.data, SolverGroupData)
+    assert runner.TAMPERED in str(group.data.env_error)
