@@ -23,10 +23,10 @@ from pathlib import Path
 
 from evoenv_model.models import prepare_model
 from evoenv_model.serve import start_server
-from evoenv_worker.generate import make_client
-from evoenv_worker.propose import extract_code, prompt_text
+from evoenv_worker.mechanical import validate_source
+from evoenv_worker.proposal_code import extract_code, prompt_text
 from evoenv_worker.sandbox.host import Sandbox
-from evoenv_worker.validate import validate_source
+from evoenv_worker.solver_completions import make_client
 from shared.config import Settings
 from shared.inference import Sampling
 from shared.ports import free_port

@@ -40,8 +40,8 @@ import redis  # noqa: E402
 from benchkit import start_process  # noqa: E402
 
 from evoenv_worker.grade import grade_group  # noqa: E402
+from evoenv_worker.mechanical import validate_source  # noqa: E402
 from evoenv_worker.sandbox.host import Sandbox  # noqa: E402
-from evoenv_worker.validate import validate_source  # noqa: E402
 from shared.config import Settings  # noqa: E402
 from shared.db import source_sha  # noqa: E402
 from shared.logging import configure_logging  # noqa: E402

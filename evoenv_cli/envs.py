@@ -218,9 +218,9 @@ def validate_locally(
     """Validate each file in this process, printing each report as it is done."""
     import uuid
 
-    from evoenv_worker.admission import conclude, run_locally
     from evoenv_worker.context import WorkerContext
-    from evoenv_worker.validate import validate_source
+    from evoenv_worker.mechanical import validate_source
+    from evoenv_worker.verdict import conclude, run_locally
     from shared.messages import ValidateJob
 
     context = WorkerContext(settings)

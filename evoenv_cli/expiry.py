@@ -28,7 +28,7 @@ def group_expiry(
     took is what expires).
     """
     from evoenv_worker.context import WorkerContext
-    from evoenv_worker.generation import expire_group
+    from evoenv_worker.generation_groups import expire_group
 
     ctx = WorkerContext(settings, _redis=client, _archive=archive)
     return lambda group_id, why: expire_group(ctx, settings.run, group_id, why)

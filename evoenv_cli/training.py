@@ -152,7 +152,7 @@ def _evaluate_held_out(
     from evoenv_cli.cluster import redis_of_running_up
     from evoenv_learner import jobs
     from evoenv_learner.dispatch import SolverDispatch
-    from evoenv_learner.evaluate import evaluate as run_eval
+    from evoenv_learner.held_out import evaluate as run_eval
     from evoenv_learner.levels import LevelTracker
     from evoenv_learner.pool import Pool, seed_pool
     from evoenv_worker.app import configure
@@ -254,7 +254,7 @@ def _evaluate_reasoning_gym(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from evoenv_cli.envs import EXIT_ERROR, err
-    from evoenv_learner.external_eval import DEFAULT_TASKS, check_tasks, evaluate_suite
+    from evoenv_learner.reasoning_gym_eval import DEFAULT_TASKS, check_tasks, evaluate_suite
     from shared.errors import ServiceUnavailable
     from shared.inference import InferenceError
 

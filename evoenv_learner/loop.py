@@ -23,7 +23,7 @@ import structlog
 
 from evoenv_learner.consumer import RolloutConsumer
 from evoenv_learner.distributed import DataParallel
-from evoenv_learner.evaluate import evaluate
+from evoenv_learner.held_out import evaluate
 from evoenv_learner.intake import settle_dropped as settle_dropped
 from evoenv_learner.intake import settle_read as settle_read
 from evoenv_learner.intake import split_stale as split_stale

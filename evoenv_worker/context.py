@@ -62,7 +62,7 @@ class WorkerContext:
         store = self.redis()
         with self._lock:
             if self._inference is None:
-                from evoenv_worker.generate import make_client
+                from evoenv_worker.solver_completions import make_client
                 from shared.pauses import ServingClock
                 from shared.policy import read_version
 

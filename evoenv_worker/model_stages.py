@@ -1,5 +1,5 @@
 """The model stages of admission, each a plain function: semantic self-review, difficulty
-calibration (sample -> complete -> grade) and novelty against the pool. `admission.py` chains
+calibration (sample -> complete -> grade) and novelty against the pool. `verdict.py` chains
 them and records their results; `tasks.py` runs each as a job on its queue."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import structlog
 from evoenv_worker.grade import grade_op, grade_op_seconds, read_grades
 from evoenv_worker.novelty import EnvEmbedding, novelty, similarity
 from evoenv_worker.review import VERDICT_SCHEMA, parse_verdict, review_messages, summarise
-from evoenv_worker.stages import canonical, instance_op
+from evoenv_worker.running_checks import canonical, instance_op
 from shared.config import Settings
 from shared.environment import build_prompt, extract_answer
 from shared.inference import Completion, InferenceClient, Sampling
@@ -83,7 +83,7 @@ def calibration_sample(sandbox: Sandbox, job: StageJob) -> StageJob:
 
 def calibration_complete(client: InferenceClient, job: StageJob, settings: Settings) -> StageJob:
     """One answer per instance from the current solver, at its training temperature."""
-    from evoenv_worker.generate import record
+    from evoenv_worker.solver_completions import record
 
     if job.error:
         return job

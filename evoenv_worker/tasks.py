@@ -27,8 +27,8 @@ from shared.messages import (
 )
 
 if TYPE_CHECKING:
-    from evoenv_worker.admission import CompletedGroup
     from evoenv_worker.context import WorkerContext
+    from evoenv_worker.verdict import CompletedGroup
 
 log = structlog.get_logger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -109,7 +109,7 @@ class JobTask(Task):  # type: ignore[misc]
         candidate and group still complete)."""
         self._dead_letter(task_id, attempts, error, args)
         if args and isinstance(args[0], dict):
-            from evoenv_worker.admission import job_failed
+            from evoenv_worker.verdict import job_failed
 
             ctx = context.current()
             finalize_completed(ctx, job_failed(ctx, self.name, args[0], error))
@@ -127,8 +127,8 @@ class JobTask(Task):  # type: ignore[misc]
 def validate(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
     """Validate one environment file: L1-L5 here, then (if asked) the model stages as jobs on
     their own queues. The full report is stored under the job id when the last stage ends."""
-    from evoenv_worker.admission import after_mechanical
-    from evoenv_worker.validate import validate_job
+    from evoenv_worker.mechanical import validate_job
+    from evoenv_worker.verdict import after_mechanical
 
     job = self.decode(ValidateJob, payload)
     ctx = context.current()
@@ -145,7 +145,7 @@ def finalize_completed(ctx: WorkerContext, group: CompletedGroup | None) -> None
     """Finalise the generation group that a job's candidate completed (admission says which;
     `generation.finalize_group` does it): every path that concludes a candidate ends here."""
     if group is not None:
-        from evoenv_worker.generation import finalize_group
+        from evoenv_worker.generation_groups import finalize_group
 
         finalize_group(ctx, group.run, group.group_id)
 
@@ -209,7 +209,7 @@ def constant_baseline(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
 @app.task(name="evoenv.complete", base=JobTask, bind=True)
 def complete(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
     """Sample a solver job's completions from vLLM (generation queue, many in flight)."""
-    from evoenv_worker.generate import complete_solver
+    from evoenv_worker.solver_completions import complete_solver
 
     job = self.decode(SolverJob, payload)
     return complete_solver(context.current().inference(), job).model_dump(mode="json")
@@ -218,7 +218,7 @@ def complete(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
 @app.task(name="evoenv.propose", base=JobTask, bind=True)
 def propose(self: JobTask, payload: dict[str, Any]) -> list[str]:
     """Sample a generation group's candidates and send each to validation (model stages on)."""
-    from evoenv_worker.generation import propose as propose_candidates
+    from evoenv_worker.generation_groups import propose as propose_candidates
 
     job = self.decode(ProposalJob, payload)
     jobs = propose_candidates(context.current(), job)
@@ -230,8 +230,8 @@ def propose(self: JobTask, payload: dict[str, Any]) -> list[str]:
 @app.task(name="evoenv.review", base=JobTask, bind=True)
 def review(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
     """K semantic self-reviews of a candidate (generation queue)."""
-    from evoenv_worker.admission import finish_stage
     from evoenv_worker.model_stages import review_stage
+    from evoenv_worker.verdict import finish_stage
 
     job = self.decode(StageJob, payload)
     ctx = context.current()
@@ -262,8 +262,8 @@ def calibrate_complete(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]
 @app.task(name="evoenv.calibrate_grade", base=JobTask, bind=True)
 def calibrate_grade(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
     """Calibration, step 3: grade the answers; the pass rate decides (grading queue)."""
-    from evoenv_worker.admission import finish_stage
     from evoenv_worker.model_stages import calibration_stage
+    from evoenv_worker.verdict import finish_stage
 
     job = self.decode(StageJob, payload)
     ctx = context.current()
@@ -275,8 +275,8 @@ def calibrate_grade(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
 @app.task(name="evoenv.novelty", base=JobTask, bind=True)
 def novelty(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
     """Embeddings and similarity to the pool (validation queue: CPU)."""
-    from evoenv_worker.admission import finish_stage
     from evoenv_worker.model_stages import novelty_stage
+    from evoenv_worker.verdict import finish_stage
 
     job = self.decode(StageJob, payload)
     ctx = context.current()

@@ -105,8 +105,8 @@ class EnvStats(_Stats):
     `EnvStats.from_json`. Who sets which fields:
 
         admission   judged_at, admitted_at, calibration, calibration_difficulty, novelty
-                    (`evoenv_worker/admission.py`); a generated candidate also reward, funnel
-                    and expired (`evoenv_worker/generation.py`)
+                    (`evoenv_worker/verdict.py`); a generated candidate also reward, funnel
+                    and expired (`evoenv_worker/generation_groups.py`)
         the pool    uses, epochs, gradings, env_errors, served, recent_groups,
                     serving_difficulty, serving_curve, pass_rate_history, retired, quarantine
                     (`evoenv_learner/pool.py`)

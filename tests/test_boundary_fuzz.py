@@ -26,7 +26,7 @@ from unittest import mock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from evoenv_worker import validate
+from evoenv_worker import mechanical
 from evoenv_worker.grade import grade_group, read_grades
 from evoenv_worker.sandbox.host import OpResult, Sandbox, _Child, _to_result
 from evoenv_worker.sandbox.results import KINDS, MAX_DEPTH, MAX_INT_DIGITS, read_result
@@ -300,10 +300,10 @@ def _validate_with(stand_in: Any) -> Any:
 
     @contextmanager
     def fresh(hash_seed: int) -> Iterator[Any]:
-        yield validate.SourceRunner(stand_in, "", "fuzzed.py")
+        yield mechanical.SourceRunner(stand_in, "", "fuzzed.py")
 
-    with mock.patch.object(validate, "_fresh_factory", lambda *args: fresh):
-        return validate.validate_source(SOUND.read_bytes(), "fuzzed.py", stand_in, SETTINGS)
+    with mock.patch.object(mechanical, "_fresh_factory", lambda *args: fresh):
+        return mechanical.validate_source(SOUND.read_bytes(), "fuzzed.py", stand_in, SETTINGS)
 
 
 @FUZZ

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from evoenv_learner.pool import seed_pool
-from evoenv_worker import admission, tasks
-from evoenv_worker.admission import CompletedGroup, after_mechanical, generation_key, job_failed
+from evoenv_worker import tasks, verdict
 from evoenv_worker.context import WorkerContext
-from evoenv_worker.generation import expire_group, finalize_group, open_group, propose
+from evoenv_worker.generation_groups import expire_group, finalize_group, open_group, propose
 from evoenv_worker.novelty import DIMENSION, RECIPE
+from evoenv_worker.verdict import CompletedGroup, after_mechanical, generation_key, job_failed
 from shared.config import Settings
 from shared.db import source_sha
 from shared.groups import GroupTracker
@@ -78,7 +78,7 @@ def finish(ctx: WorkerContext, members: list[tuple[str, ValidationReport]]) -> A
     open_group(ctx, RUN, group_id, len(members), meta)
     tracker = GroupTracker(ctx.redis(), RUN)
     for index, (source, report) in enumerate(members):
-        # as each candidate's last stage records it (`admission.finalize_candidate`)
+        # as each candidate's last stage records it (`verdict.finalize_candidate`)
         ctx.archive().record_validation(
             f"{group_id}-{index}", source_sha(source), report, adhoc=False
         )
@@ -241,7 +241,7 @@ def test_admission_says_which_group_completed_and_the_task_layer_finalises_it(
         file="a.py", name="a_thing", verdict="rejected", failed_stage="L1", stages=[l1]
     )
     first = after_mechanical(ctx, candidate_job("g5", 0, sources[0]), failed)
-    assert isinstance(first, admission.Concluded) and first.completed is None
+    assert isinstance(first, verdict.Concluded) and first.completed is None
     assert first.report.verdict == "rejected"
     payload = candidate_job("g5", 1, sources[1]).model_dump(mode="json")
 
@@ -256,7 +256,7 @@ def test_admission_says_which_group_completed_and_the_task_layer_finalises_it(
 
 def test_admission_never_imports_generation() -> None:
     """One way through admission: `generation` uses `admission`, never the other way round."""
-    tree = ast.parse(Path(admission.__file__).read_text())
+    tree = ast.parse(Path(verdict.__file__).read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert not {m for m in imported if m and m.startswith("evoenv_worker.generation")}
+    assert not {m for m in imported if m and m.startswith("evoenv_worker.generation_groups")}

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from evoenv_worker.propose import extract_code, with_missing_helpers, with_missing_imports
+from evoenv_worker.mechanical import validate_source
+from evoenv_worker.proposal_code import extract_code, with_missing_helpers, with_missing_imports
 from evoenv_worker.review import parse_verdict, review_messages, summarise
 from evoenv_worker.sandbox.host import Sandbox
-from evoenv_worker.validate import validate_source
 from shared.config import Settings
 from shared.messages import Trace
 from shared.proposal_prompt import (

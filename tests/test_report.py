@@ -19,7 +19,7 @@ from evoenv_cli.run_report import (
     generator_table,
     write_report,
 )
-from evoenv_learner.evaluate import wilson
+from evoenv_learner.held_out import wilson
 from shared.config import Settings
 from shared.db import Archive
 from shared.env_stats import CalibrationFigures, EnvStats

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from evoenv_worker import admission
+from evoenv_worker import verdict
 from evoenv_worker.model_stages import review_stage
 from shared.config import Settings
 from shared.inference import Completion, InferenceError
@@ -79,7 +79,7 @@ def test_fewer_than_k_verdicts_reject(returned: int, settings: Settings) -> None
 
 
 class FakeContext:
-    """What `admission.run_locally` asks of a worker context for the review stage alone."""
+    """What `verdict.run_locally` asks of a worker context for the review stage alone."""
 
     def __init__(self, settings: Settings, reviewer: FakeReviewer) -> None:
         self.settings = settings
@@ -93,7 +93,7 @@ def _judged(
     settings: Settings, reviewer: FakeReviewer, monkeypatch: pytest.MonkeyPatch
 ) -> ValidationReport:
     """The verdict of `validate --review` on a file that passed L1-L5."""
-    monkeypatch.setattr(admission, "stage_job_for", lambda ctx, job: _job())
+    monkeypatch.setattr(verdict, "stage_job_for", lambda ctx, job: _job())
     mechanical = ValidationReport(
         file="count.py",
         name="count",
@@ -103,7 +103,7 @@ def _judged(
     )
     job = ValidateJob.for_file("job", "count.py", b"class Count: ...")
     context: Any = FakeContext(settings, reviewer)
-    return admission.run_locally(context, job, mechanical, ["review"])
+    return verdict.run_locally(context, job, mechanical, ["review"])
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from evoenv_worker import stages
+from evoenv_worker import running_checks
+from evoenv_worker.mechanical import SourceRunner, _fresh_factory
 from evoenv_worker.sandbox.host import Sandbox
-from evoenv_worker.validate import SourceRunner, _fresh_factory
 from shared.config import Settings
 from shared.static import check_static
 
@@ -44,30 +44,30 @@ def test_seed_passes_l1_to_l5(path: Path, sandbox: Sandbox, settings: Settings) 
     assert static.name == path.stem, "a seed's file is named after its environment"
 
     runner = SourceRunner(sandbox, data.decode(), path.name)
-    check, meta = stages.describe(runner)
+    check, meta = running_checks.describe(runner)
     assert check.ok and meta is not None, check.detail
     assert (meta.min_difficulty, meta.max_difficulty) == (1, 10)
 
-    check, items = stages.check_executes(runner, meta, range(N_SEEDS), settings.validation)
+    check, items = running_checks.check_executes(runner, meta, range(N_SEEDS), settings.validation)
     assert check.ok, (check.detail, check.trigger)
     assert len(items) == 3 * N_SEEDS
     slowest = check.data["slowest_seconds"]
     assert slowest < 1.0, f"a routine took {slowest:.2f} s"
 
     fresh = _fresh_factory(sandbox, data.decode(), path.name)
-    check = stages.check_deterministic(fresh, items, hash_seeds=(7, 12345))
+    check = running_checks.check_deterministic(fresh, items, hash_seeds=(7, 12345))
     assert check.ok, (check.detail, check.trigger)
 
     for start in range(0, N_SEEDS, settings.validation.seeds):  # L4's variety, per block of 8
         block = [item for item in items if start <= item.seed < start + settings.validation.seeds]
         if len({item.seed for item in block}) == settings.validation.seeds:
-            check = stages.check_nontrivial(block, meta, settings.validation)
+            check = running_checks.check_nontrivial(block, meta, settings.validation)
             assert check.ok, (check.detail, check.trigger)
-    check = stages.check_nontrivial(items, meta, settings.validation)
+    check = running_checks.check_nontrivial(items, meta, settings.validation)
     assert check.ok, (check.detail, check.trigger)
-    check = stages.check_well_posed(runner, items, meta, settings.validation)
+    check = running_checks.check_well_posed(runner, items, meta, settings.validation)
     assert check.ok, (check.detail, check.trigger)
 
-    check = stages.check_scorer(runner, items, meta, settings.validation)
+    check = running_checks.check_scorer(runner, items, meta, settings.validation)
     assert check.ok, (check.detail, check.trigger)
     assert check.data["probes"] >= 7 * len(items)

@@ -31,8 +31,8 @@ from typing import Any
 import pytest
 from support import cannot_open, missing, without_read_override
 
+from evoenv_worker.mechanical import validate_source
 from evoenv_worker.sandbox.host import Sandbox
-from evoenv_worker.validate import validate_source
 from shared.config import Settings
 from shared.errors import SandboxUnavailable
 from shared.messages import MECHANICAL_STAGES, ValidationReport

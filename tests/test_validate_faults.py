@@ -14,9 +14,9 @@ import pytest
 from support import missing
 
 from evoenv_cli.envs import EXIT_ERROR, exit_code, validate_locally
-from evoenv_worker import stages
+from evoenv_worker import running_checks
+from evoenv_worker.mechanical import validate_source
 from evoenv_worker.sandbox.host import Sandbox
-from evoenv_worker.validate import validate_source
 from shared.config import Settings
 from shared.errors import EnvironmentOutputError, SandboxUnavailable
 
@@ -53,7 +53,7 @@ def test_output_a_check_cannot_use_rejects_the_file_at_the_running_stage(
     sandbox: Sandbox, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fault = EnvironmentOutputError("the reference is a deep list", seed=3, difficulty=4)
-    monkeypatch.setattr(stages, "check_l4", _raising(fault))
+    monkeypatch.setattr(running_checks, "check_l4", _raising(fault))
     report = validate_source(SOUND.read_bytes(), "sound.py", sandbox, settings)
     assert (report.verdict, report.failed_stage) == ("rejected", "L4"), report
     assert [s.stage for s in report.stages] == ["L1", "L2", "L3", "L4"]
@@ -65,7 +65,7 @@ def test_output_a_check_cannot_use_rejects_the_file_at_the_running_stage(
 def test_a_fault_of_the_project_is_an_error_naming_the_exception_and_the_stage(
     sandbox: Sandbox, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(stages, "check_scorer", _raising(KeyError("no such probe")))
+    monkeypatch.setattr(running_checks, "check_scorer", _raising(KeyError("no such probe")))
     report = validate_source(SOUND.read_bytes(), "sound.py", sandbox, settings)
     assert (report.verdict, report.failed_stage) == ("error", None), report
     assert report.error is not None
@@ -79,7 +79,7 @@ def test_a_file_whose_judging_raises_leaves_every_other_report(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    import evoenv_worker.validate as validate_module
+    import evoenv_worker.mechanical as validate_module
 
     real = validate_module.validate_source
 

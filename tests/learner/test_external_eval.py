@@ -12,7 +12,7 @@ from support import free_port
 from typer.testing import CliRunner
 
 from evoenv_cli import app
-from evoenv_learner.external_eval import (
+from evoenv_learner.reasoning_gym_eval import (
     DEFAULT_TASKS,
     SEED,
     Item,

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from evoenv_cli.training import _held_out_table
 from evoenv_learner import jobs
-from evoenv_learner.evaluate import evaluate, per_environment, summarise, wilson
+from evoenv_learner.held_out import evaluate, per_environment, summarise, wilson
 from evoenv_learner.pool import PoolEntry
 from shared.environment import EVAL_SEEDS
 from shared.messages import ConstantBaseline

@@ -20,7 +20,7 @@ import pytest
 from model.fake_vllm import FakeServer
 from workerkit import Cluster, run_cli
 
-from evoenv_learner.evaluate import wilson
+from evoenv_learner.held_out import wilson
 from shared import keys
 from shared.environment import EVAL_SEEDS
 

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
-from evoenv_worker.admission import KEEP_SECONDS, admission_stats, embedding_of, generation_key
 from evoenv_worker.novelty import EnvEmbedding, group_novelty, similarity
+from evoenv_worker.verdict import KEEP_SECONDS, admission_stats, embedding_of, generation_key
 from shared import keys
 from shared.config import AdmissionSettings, Settings
 from shared.db import source_sha
@@ -47,8 +47,8 @@ log = structlog.get_logger(__name__)
 def propose(ctx: WorkerContext, job: ProposalJob) -> list[ValidateJob]:
     """Sample G candidates; open their generation group; one validation job per candidate
     (none for a group the learner gave up on, expired before or while its proposal ran)."""
-    from evoenv_worker.generate import record
-    from evoenv_worker.propose import extract_code, prompt_text
+    from evoenv_worker.proposal_code import extract_code, prompt_text
+    from evoenv_worker.solver_completions import record
 
     tracker = GroupTracker(ctx.redis(), job.run)
     if tracker.expired(generation_key(job.group_id)):
@@ -287,7 +287,7 @@ def expire_group(ctx: WorkerContext, run: str, group_id: str, reason: str) -> bo
     candidate whose admission was done gets its environment row, rejected with the funnel
     outcome `expired` and no reward; one still running gets a validation report with verdict
     `error` under its job id (so its own late report is not recorded). True if it expired."""
-    from evoenv_worker.propose import extract_code
+    from evoenv_worker.proposal_code import extract_code
 
     client = ctx.redis()
     if not GroupTracker(client, run).expire(generation_key(group_id)):

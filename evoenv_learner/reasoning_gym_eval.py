@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import structlog
 
-from evoenv_learner.evaluate import summarise
+from evoenv_learner.held_out import summarise
 from shared.config import Settings
 from shared.environment import build_prompt, extract_answer
 from shared.errors import ServiceUnavailable, UsageError

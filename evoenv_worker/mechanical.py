@@ -14,7 +14,7 @@ from typing import Any
 
 import structlog
 
-from evoenv_worker import stages
+from evoenv_worker import running_checks
 from evoenv_worker.context import WorkerContext
 from evoenv_worker.sandbox.host import OpResult, Sandbox
 from shared.config import Settings
@@ -29,7 +29,7 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True, slots=True)
 class SourceRunner:
-    """A `stages.Runner` for one environment source in one sandbox."""
+    """A `running_checks.Runner` for one environment source in one sandbox."""
 
     sandbox: Sandbox
     source: str
@@ -77,7 +77,7 @@ def validate_source(
         )
         return report
 
-    def record(stage: Stage, check: stages.Check, started: float) -> bool:
+    def record(stage: Stage, check: running_checks.Check, started: float) -> bool:
         reports.append(
             StageReport(
                 stage=stage,
@@ -95,7 +95,7 @@ def validate_source(
     started = time.perf_counter()
     static = check_static(data, settings.validation.max_source_bytes)
     name = static.name
-    if not record("L1", stages.Check(static.ok, static.detail), started):
+    if not record("L1", running_checks.Check(static.ok, static.detail), started):
         return finish("rejected", "L1")
     source = data.decode("utf-8-sig")
     runner = SourceRunner(sandbox, source, file)
@@ -104,26 +104,26 @@ def validate_source(
     stage: Stage = "L2"
     try:
         started = time.perf_counter()
-        check, meta = stages.describe(runner)
-        items: list[stages.Item] = []
+        check, meta = running_checks.describe(runner)
+        items: list[running_checks.Item] = []
         if meta is not None:
-            check, items = stages.check_executes(runner, meta, seeds, settings.validation)
+            check, items = running_checks.check_executes(runner, meta, seeds, settings.validation)
         if not record("L2", check, started) or meta is None:
             return finish("rejected", "L2")
         stage, started = "L3", time.perf_counter()
-        if not record("L3", stages.check_deterministic(fresh, items), started):
+        if not record("L3", running_checks.check_deterministic(fresh, items), started):
             return finish("rejected", "L3")
         stage, started = "L4", time.perf_counter()
-        if not record("L4", stages.check_l4(runner, items, meta, settings.validation), started):
+        if not record("L4", running_checks.check_l4(runner, items, meta, settings.validation), started):
             return finish("rejected", "L4")
         stage, started = "L5", time.perf_counter()
-        if not record("L5", stages.check_scorer(runner, items, meta, settings.validation), started):
+        if not record("L5", running_checks.check_scorer(runner, items, meta, settings.validation), started):
             return finish("rejected", "L5")
     except EnvironmentOutputError as exc:
         trigger = (
             Trigger(seed=exc.seed, difficulty=exc.difficulty) if exc.seed is not None else None
         )
-        record(stage, stages.Check(False, str(exc), trigger), started)
+        record(stage, running_checks.Check(False, str(exc), trigger), started)
         return finish("rejected", stage)
     except (SandboxUnavailable, SandboxFailure) as exc:
         return finish("error", None, f"the sandbox could not run the check: {exc}")
@@ -135,9 +135,9 @@ def validate_source(
     return finish("admitted", None)
 
 
-def _fresh_factory(sandbox: Sandbox, source: str, file: str) -> stages.FreshRunner:
+def _fresh_factory(sandbox: Sandbox, source: str, file: str) -> running_checks.FreshRunner:
     @contextmanager
-    def fresh(hash_seed: int) -> Iterator[stages.Runner]:
+    def fresh(hash_seed: int) -> Iterator[running_checks.Runner]:
         with Sandbox(sandbox.settings, hash_seed=hash_seed) as other:
             yield SourceRunner(other, source, file)
 
