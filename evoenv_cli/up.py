@@ -95,7 +95,7 @@ an unfinished job goes back to its queue, as for any killed worker."""
 
 CPU_SIZES = {
     "EVOENV_GRPO__GROUP_SIZE": "4",
-    "EVOENV_GRPO__BATCH_GROUPS": "2",
+    "EVOENV_GRPO__BATCH_GROUPS": "1",
     "EVOENV_GRPO__MICRO_BATCH": "1",
     "EVOENV_GRPO__MAX_TOKENS": "384",
     "EVOENV_GRPO__GENERATOR_MAX_TOKENS": "1024",
@@ -111,7 +111,10 @@ CPU_SIZES = {
 }
 """Sizes for a CPU-only machine (two cores train ~40 tokens/s on the default model): without
 them one optimiser step of the reference sizes (4 groups of 8, completions up to 512 tokens,
-generator files up to 1536) takes most of an hour. Calibration at the easiest level: at the
+generator files up to 1536) takes most of an hour. One group a step: most groups of the
+untrained model score alike and are skipped, so a step that waits for two comes half as often
+(AMD EPYC with AVX512-BF16, 30 minutes from a fresh data folder: 10 steps with one, 4 with two;
+docs/results.md). Calibration at the easiest level: at the
 middle one the embedded solver passed 1 of 8 instances of one candidate and 0 of 8 of the
 nine others that reached it in a half-hour run (nothing admitted). Two generator groups in
 flight: with one, a new proposal waited for the last group's admission (2-2.5 minutes for a
