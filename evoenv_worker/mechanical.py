@@ -114,10 +114,14 @@ def validate_source(
         if not record("L3", running_checks.check_deterministic(fresh, items), started):
             return finish("rejected", "L3")
         stage, started = "L4", time.perf_counter()
-        if not record("L4", running_checks.check_l4(runner, items, meta, settings.validation), started):
+        if not record(
+            "L4", running_checks.check_l4(runner, items, meta, settings.validation), started
+        ):
             return finish("rejected", "L4")
         stage, started = "L5", time.perf_counter()
-        if not record("L5", running_checks.check_scorer(runner, items, meta, settings.validation), started):
+        if not record(
+            "L5", running_checks.check_scorer(runner, items, meta, settings.validation), started
+        ):
             return finish("rejected", "L5")
     except EnvironmentOutputError as exc:
         trigger = (

@@ -131,9 +131,7 @@ class WorkerSettings(BaseModel):
         hard time limit of those jobs. `complete_time_limit` plus 90 % of what the visibility
         timeout leaves above it (870 s by default), so that the job ends before Redis would
         hand it to another worker."""
-        return self.complete_time_limit + 0.9 * (
-            self.visibility_timeout - self.complete_time_limit
-        )
+        return self.complete_time_limit + 0.9 * (self.visibility_timeout - self.complete_time_limit)
 
     @model_validator(mode="after")
     def _visibility_exceeds_limits(self) -> WorkerSettings:
