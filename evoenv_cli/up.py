@@ -113,7 +113,7 @@ CPU_SIZES = {
 them one optimiser step of the reference sizes (4 groups of 8, completions up to 512 tokens,
 generator files up to 1536) takes most of an hour. One group a step: most groups of the
 untrained model score alike and are skipped, so a step that waits for two comes half as often
-(AMD EPYC with AVX512-BF16, 30 minutes from a fresh data folder: 10 steps with one, 4 with two;
+(AMD EPYC with AVX512-BF16, 30 minutes from a fresh data folder: 14 steps with one, 4 with two;
 docs/results.md). Calibration at the easiest level: at the
 middle one the embedded solver passed 1 of 8 instances of one candidate and 0 of 8 of the
 nine others that reached it in a half-hour run (nothing admitted). Two generator groups in

@@ -142,8 +142,8 @@ def _missing(seen: list[dict[str, object]]) -> list[str]:
 def _generator_trained(steps: list[dict[str, object]]) -> bool:
     """Whether a step trained on a generator group (its row has a generator reward). A group
     whose candidates all earn the same reward is skipped; about one in five candidates of the
-    untrained model passes L1-L4, so most groups of four have a spread, and with two in flight
-    several arrive within minutes, also after the server's kill expired those it cut off."""
+    untrained model passes L1-L4, so many groups of four have a spread, and with four in flight
+    (`UP_ENV`) several arrive within minutes."""
     return any(e.get("reward_mean_generator") is not None for e in steps)
 
 
