@@ -52,8 +52,11 @@ def shared_cluster(
         "EVOENV_DATABASE_URL": f"sqlite:///{folder / 'archive.db'}",
         "EVOENV_VLLM_URLS": f"http://127.0.0.1:{port}",
         "EVOENV_LOG_FORMAT": "json",
-        # The model stages decide the same way on every run (test_admission.py).
-        "EVOENV_ADMISSION__SAMPLING_SEED": "0",
+        # The model stages decide the same way on every run (test_admission.py), and
+        # calibration's answers stop at 64 tokens: the sound file's sums are answered in about
+        # 25, and its long products fail either way (a 512-token cap took 2.5x the time).
+        "EVOENV_ADMISSION__SAMPLING_SEED": "2",
+        "EVOENV_GRPO__MAX_TOKENS": "64",
     }
     settings = Settings(
         data_dir=CACHE, serve=ServeSettings(port=port, kv_cache_gib=1, max_model_len=4096)

@@ -3,12 +3,15 @@ by `evoenv validate --all` locally and on the queues and by `evoenv pool add`; a
 rejected at its stage, and a sound one it never solves at calibration.
 
 The sound file (`sum_or_long_product.py`) mixes sums of one-digit numbers, which the model gets
-right at its training temperature more often than not, with exact products of long integers,
-which it never gets right: its calibration pass rate lies strictly between 0 and 8 of 8 by
-design, not by luck. The cluster fixes the model stages' sampling seed
-(`EVOENV_ADMISSION__SAMPLING_SEED`), so the same file meets the same calibration instances and
-the same sampled answers and reviews on every run: measured 2 of 8 at difficulty 5, every review
-accepting."""
+right at its training temperature three times in four (18 of 24 with 64-token answers), with
+exact products of long integers, which it never gets right: its calibration pass rate lies
+strictly between 0 and 8 of 8 by design, not by luck. The cluster fixes the model stages'
+sampling seed (`EVOENV_ADMISSION__SAMPLING_SEED`) and caps calibration's answers at 64 tokens,
+so the same file meets the same calibration instances and the same sampled answers and reviews
+on every run: measured on an Intel Xeon with AMX (bfloat16 serving), 4 of 8 at difficulty 5
+with every review accepting, the same in 6 of 6 runs; about 28 s a run against 77 s with
+512-token answers. (Seed 0 drew one rejecting review of three; seeds 1 to 3 admitted it, with
+1, 4 and 5 of 8.)"""
 
 from __future__ import annotations
 

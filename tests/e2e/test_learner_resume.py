@@ -34,7 +34,7 @@ def learner_env(cluster: Cluster, run_dir: Path, steps: int) -> dict[str, str]:
         "EVOENV_LEARNER__DIFFICULTY": "1",
         "EVOENV_LEARNER__GENERATOR_GROUPS_IN_FLIGHT": "0",
         "EVOENV_LEARNER__SOLVER_GROUPS_IN_FLIGHT": "3",
-        "EVOENV_LEARNER__CHECKPOINT_EVERY": "2",
+        "EVOENV_LEARNER__CHECKPOINT_EVERY": "1",
         "EVOENV_LEARNER__KEEP_CHECKPOINTS": "1",
         "EVOENV_LEARNER__EVAL_EVERY": "1000",
         "EVOENV_GRPO__GROUP_SIZE": "6",
@@ -77,13 +77,13 @@ def test_learner_resumes_after_kill_9(cluster: Cluster, tmp_path: Path) -> None:
     try:
         checkpoints = run_dir / "checkpoints"
         wait_for(
-            lambda: (c := latest_checkpoint(checkpoints)) is not None and c.name >= "step-00000002",
+            lambda: (c := latest_checkpoint(checkpoints)) is not None and c.name >= "step-00000001",
             900,
-            "checkpoint at step 2",
+            "checkpoint at step 1",
             first,
             log,
         )
-        time.sleep(5)  # let it get into step 3: read groups, maybe train them, then die
+        time.sleep(5)  # let it get into the next step: read groups, maybe train them, then die
         first.send_signal(signal.SIGKILL)
         first.wait(30)
     finally:
@@ -98,8 +98,8 @@ def test_learner_resumes_after_kill_9(cluster: Cluster, tmp_path: Path) -> None:
 
     with log.open("ab") as out:
         second = subprocess.run(
-            evoenv("learner", "--resume", "--steps", str(checkpoint_step + 2)),
-            env=learner_env(cluster, run_dir, checkpoint_step + 2),
+            evoenv("learner", "--resume", "--steps", str(checkpoint_step + 1)),
+            env=learner_env(cluster, run_dir, checkpoint_step + 1),
             stdout=out,
             stderr=subprocess.STDOUT,
             timeout=900,
@@ -115,7 +115,7 @@ def test_learner_resumes_after_kill_9(cluster: Cluster, tmp_path: Path) -> None:
     assert final_version > resumed[-1]["version"]
 
     rows = archive.metrics("resume-test", "train")
-    assert [r.step for r in rows] == list(range(1, checkpoint_step + 3))
+    assert [r.step for r in rows] == list(range(1, checkpoint_step + 2))
     trained = [g for r in rows for g in r.values["groups_trained"]]
     assert len(trained) == len(set(trained)), "a group was trained twice"
     versions = [r.version for r in rows]

@@ -32,9 +32,13 @@ class SumOrLongProduct(Environment):
         return instance["a"] * instance["b"]
 
     def render(self, instance: dict) -> str:
-        sign = "+" if instance["operation"] == "sum" else "*"
+        if instance["operation"] == "sum":
+            return (
+                f"What is {instance['a']} + {instance['b']}? "
+                "Give just the number as your final answer."
+            )
         return (
-            f"Compute {instance['a']} {sign} {instance['b']} exactly.\n"
+            f"Compute {instance['a']} * {instance['b']} exactly.\n"
             "Write the final answer as an integer in decimal digits, without separators."
         )
 
