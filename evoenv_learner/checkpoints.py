@@ -1,8 +1,8 @@
 """Checkpoint folders on disk: atomic writes, listing, and the RNG state they carry.
 
-A checkpoint is a folder `step-00000012/` under a root (`model/`, `optimizer.pt`, `rng.pt`,
-`state.json`), filled by `Trainer.save_checkpoint` inside `atomic_dir`. Writers check the free
-space first (`require_space`); a disk that fills up mid-write is `DiskFull`, one line.
+A checkpoint is a folder `step-00000012/` under a root (`model/` or, in LoRA mode, `adapter/`;
+`optimizer.pt`, `rng.pt`, `state.json`), filled by `Trainer.save_checkpoint` in `atomic_dir`.
+Writers check the free space first (`require_space`); a full disk mid-write is `DiskFull`, one line.
 """
 
 from __future__ import annotations

@@ -36,7 +36,17 @@ from evoenv_learner.checkpoints import (
 from evoenv_learner.distributed import DataParallel
 from evoenv_learner.grpo import Role, group_advantages, grpo_loss, token_entropy, token_logprobs
 from evoenv_learner.logprobs import head_logprobs
+from evoenv_learner.lora import (
+    ADAPTER_DIR,
+    check_mode,
+    load_adapter,
+    merged_model,
+    mode_record,
+    save_adapter,
+    with_lora,
+)
 from shared.config import GrpoSettings
+from shared.errors import UsageError
 from shared.messages import GradedGroup
 
 log = structlog.get_logger(__name__)
@@ -121,6 +131,12 @@ class Trainer:
     first send the command to the other ranks, which run `follow()`; each rank runs its share
     of the micro-batches and the gradients and figures are summed across ranks before the
     optimiser step.
+
+    LoRA (`settings.lora_rank` > 0, `lora` true; see `lora.py`): the model is wrapped with a
+    peft LoRA adapter on `settings.lora_target_modules`; the base weights stay frozen and AdamW
+    holds the adapter's only. The KL reference is the same model with the adapter switched off
+    (no second copy). Checkpoints hold the adapter, not the model; `save_adapter_for_push`
+    writes it for vLLM's LoRA loader and `export_hf` writes the merged weights.
     """
 
     def __init__(
@@ -152,8 +168,12 @@ class Trainer:
         self.source_dtype = _config_dtype(self.model_path) or param_dtype
         self.step_count = 0
         self.interrupt = threading.Event()
+        self.lora = settings.lora_rank > 0
+        """Only a LoRA adapter is trained (the base weights are frozen)."""
 
         self.model = self._load_model(param_dtype)
+        if self.lora:
+            self.model = with_lora(self.model, settings, self.device)
         self.chunked_head = _head_is_plain(self.model)
         self.model.train()
         if (
@@ -162,7 +182,11 @@ class Trainer:
             else gradient_checkpointing
         ):
             self.model.gradient_checkpointing_enable({"use_reentrant": False})
-        self.reference = self._load_model(param_dtype).eval() if settings.kl_coef > 0 else None
+        self.reference = (
+            self._load_model(param_dtype).eval() if settings.kl_coef > 0 and not self.lora else None
+        )
+        """The frozen starting policy of the KL term in full fine-tuning (LoRA mode gets it by
+        switching the adapter off: None there, as without a KL term)."""
         if self.reference is not None:
             self.reference.requires_grad_(False)
         self.tokenizer = (
@@ -170,8 +194,11 @@ class Trainer:
             if any((self.model_path / name).is_file() for name in TOKENIZER_FILES)
             else None
         )
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        """What the optimiser updates: every weight, or the adapter's in LoRA mode. Taken once
+        here: peft flips `requires_grad` while the adapter is switched off."""
         self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
+            self.trainable,
             lr=settings.learning_rate,
             weight_decay=settings.weight_decay,
         )
@@ -255,10 +282,7 @@ class Trainer:
         batch's token count (`metrics.tokens`), so gradients and figures add up."""
         batch = _collate(sequences, self.device)
         logprobs, entropy = self._logprobs(self.model, batch, with_entropy=self.compute_entropy)
-        ref_logprobs = None
-        if self.reference is not None:
-            with torch.no_grad():
-                ref_logprobs, _ = self._logprobs(self.reference, batch)
+        ref_logprobs = self._reference_logprobs(batch)
         loss, part = grpo_loss(
             logprobs,
             batch.old_logprobs,
@@ -280,10 +304,21 @@ class Trainer:
         metrics.entropy += entropy / metrics.tokens
         metrics.total_tokens += int(batch.attention_mask.sum().item())
 
+    @torch.no_grad()
+    def _reference_logprobs(self, batch: _Batch) -> torch.Tensor | None:
+        """The KL reference's log-probs: the reference model's, or in LoRA mode the base
+        model's (the adapter switched off); None without a KL term."""
+        if self.reference is not None:
+            return self._logprobs(self.reference, batch)[0]
+        if self.lora and self.settings.kl_coef > 0:
+            with self.model.disable_adapter():
+                return self._logprobs(self.model, batch)[0]
+        return None
+
     def _sum_over_ranks(self, metrics: StepMetrics) -> None:
         """Each rank ran its share of the micro-batches: sum gradients and figures."""
         assert self.parallel is not None
-        self.parallel.sum_gradients(p for p in self.model.parameters() if p.requires_grad)
+        self.parallel.sum_gradients(self.trainable)
         names = ("loss", "policy_loss", "clip_fraction", "ratio_mean", "kl", "entropy")
         values = [getattr(metrics, name) for name in names] + [metrics.total_tokens]
         summed = self.parallel.sum_floats(values)
@@ -293,8 +328,7 @@ class Trainer:
 
     def _optimizer_step(self, metrics: StepMetrics) -> None:
         """Clip the gradient norm and step; a non-finite gradient skips the update."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.settings.max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.settings.max_grad_norm)
         metrics.grad_norm = float(grad_norm.item())
         if torch.isfinite(grad_norm):
             self.optimizer.step()
@@ -406,15 +440,21 @@ class Trainer:
         """Write `root/step-NNNNNNNN/` atomically and keep the last `keep` checkpoints.
 
         The folder holds `model/` (save_pretrained, with the tokenizer), `optimizer.pt`,
-        `rng.pt` and `state.json` (step and the caller's `extra`); it is written under a
-        temporary name, fsynced, then renamed (`checkpoints.atomic_dir`), so a folder with a
-        final name is always complete.
+        `rng.pt` and `state.json` (step, training mode and the caller's `extra`); it is written
+        under a temporary name, fsynced, then renamed (`checkpoints.atomic_dir`), so a folder
+        with a final name is always complete. In LoRA mode `adapter/` (peft's save_pretrained
+        of the adapter, float32) replaces `model/`: the base weights are the model folder's.
 
         `extra` is any JSON-serialisable dict (policy version, stream position, pool state);
         `load_checkpoint` gives it back."""
         root = Path(root)
         state = json.dumps(
-            {"step": self.step_count, "extra": dict(extra or {}), "saved_at": time.time()}
+            {
+                "step": self.step_count,
+                "extra": dict(extra or {}),
+                "saved_at": time.time(),
+                **mode_record(self.settings),
+            }
         )
         target = root / f"{CHECKPOINT_PREFIX}{self.step_count:08d}"
         start = time.perf_counter()
@@ -424,9 +464,12 @@ class Trainer:
         what = f"the step-{self.step_count} checkpoint"
         require_space(root, needed, what)
         with atomic_dir(target) as tmp, disk_full_as_error(root, what, needed):
-            self.model.save_pretrained(tmp / "model")
-            if self.tokenizer is not None:
-                self.tokenizer.save_pretrained(tmp / "model")
+            if self.lora:
+                save_adapter(self.model, tmp / ADAPTER_DIR)
+            else:
+                self.model.save_pretrained(tmp / "model")
+                if self.tokenizer is not None:
+                    self.tokenizer.save_pretrained(tmp / "model")
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save(rng_state(), tmp / "rng.pt")
             (tmp / STATE_FILE).write_text(state)
@@ -442,28 +485,44 @@ class Trainer:
 
     def checkpoint_bytes(self) -> int:
         """About what one checkpoint takes on disk: the weights, AdamW's two moments per
-        trainable weight, and some room for the tokenizer."""
+        trainable weight, and some room for the tokenizer. In LoRA mode: the adapter and its
+        two moments, and a MiB for the configs, model card and RNG state."""
+        if self.lora:
+            return 3 * tensor_bytes(self.trainable) + 2**20
         trainable = (p for p in self.model.parameters() if p.requires_grad)
         weights = tensor_bytes(self.model.state_dict().values())
         return weights + 2 * tensor_bytes(trainable) + 2**25
 
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
-        """Restore weights, optimiser state, step and RNG state from a checkpoint folder (or
-        the latest one under a root); return the `extra` dict it was saved with. The learning
-        rate and weight decay are then set from the current settings."""
+        """Restore weights (the adapter's in LoRA mode), optimiser state, step and RNG state
+        from a checkpoint folder (or the latest one under a root); return the `extra` dict it
+        was saved with. The learning rate and weight decay are then set from the current
+        settings. A checkpoint of the other mode, or of another adapter shape, is refused with
+        a `UsageError` that names the settings that resume it."""
+        path = self._checkpoint_folder(path)
         if self.parallel is not None and self.parallel.leader:
             self.parallel.broadcast(("load", str(path)))
         return self._load_checkpoint(path)
 
-    def _load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+    def _checkpoint_folder(self, path: str | Path) -> Path:
+        """`path` itself if it is a checkpoint, else the latest one under it; checked to be of
+        this trainer's mode (`lora.check_mode`)."""
         path = Path(path)
         if not (path / STATE_FILE).is_file():
             latest = latest_checkpoint(path)
             if latest is None:
                 raise FileNotFoundError(f"no checkpoint in {path}")
             path = latest
+        check_mode(path.name, json.loads((path / STATE_FILE).read_text()), self.settings)
+        return path
+
+    def _load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        path = self._checkpoint_folder(path)
         state = json.loads((path / STATE_FILE).read_text())
-        _load_weights(self.model, path / "model", self.device)
+        if self.lora:
+            load_adapter(self.model, path / ADAPTER_DIR, self.device)
+        else:
+            _load_weights(self.model, path / "model", self.device)
         self.optimizer.load_state_dict(
             torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True)
         )
@@ -477,19 +536,71 @@ class Trainer:
 
     def export_hf(self, folder: str | Path, *, dtype: torch.dtype | None = None) -> Path:
         """The policy as a Hugging Face folder (config, safetensors, tokenizer), written
-        atomically, in `dtype` (default: the dtype of the folder the model came from)."""
-        return self._save_hf(Path(folder), dtype or self.source_dtype, tokenizer=True)
+        atomically, in `dtype` (default: the dtype of the folder the model came from).
+
+        In LoRA mode the adapter is merged into a fresh float32 copy of the base weights on
+        the CPU (`lora.merged_model`; the training model keeps its adapter and trains on): a
+        plain folder any Hugging Face or vLLM loader reads, no peft needed."""
+        dtype = dtype or self.source_dtype
+        if self.lora:
+            merged = merged_model(self.model_path, self.model, self.settings)
+            return self._save_hf(Path(folder), dtype, tokenizer=True, model=merged)
+        return self._save_hf(Path(folder), dtype, tokenizer=True)
 
     def save_weights_for_push(
         self, folder: str | Path, *, dtype: torch.dtype | None = None
     ) -> Path:
         """Safetensors and config in save_pretrained's layout, which vLLM's `reload_weights`
-        loads; written atomically, so a server never reads half a folder."""
+        loads; written atomically, so a server never reads half a folder.
+
+        Full fine-tuning only: in LoRA mode it raises `UsageError` (the weights that change are
+        the adapter's: push them with `save_adapter_for_push`, or merged with `export_hf`)."""
+        if self.lora:
+            raise UsageError(
+                "save_weights_for_push writes full weights, but this trainer trains a LoRA "
+                f"adapter (EVOENV_GRPO__LORA_RANK={self.settings.lora_rank}): push it with "
+                "save_adapter_for_push, or merged weights with export_hf"
+            )
         return self._save_hf(Path(folder), dtype or self.source_dtype, tokenizer=False)
 
-    def _save_hf(self, folder: Path, dtype: torch.dtype, *, tokenizer: bool) -> Path:
+    def save_adapter_for_push(
+        self, folder: str | Path, *, dtype: torch.dtype | None = None
+    ) -> Path:
+        """LoRA mode: the adapter in peft's save_pretrained layout (`adapter_config.json`,
+        `adapter_model.safetensors` with keys `base_model.model.<module>.lora_A.weight`), which
+        vLLM's LoRA loader (`--enable-lora`, a `max_lora_rank` of at least the rank) and
+        `PeftModel.from_pretrained` read; tensors in `dtype` (the server's; default: the
+        dtype of the model folder). Written atomically; returns `folder`."""
+        if not self.lora:
+            raise UsageError(
+                "save_adapter_for_push needs a LoRA trainer (EVOENV_GRPO__LORA_RANK > 0); "
+                "push full weights with save_weights_for_push"
+            )
+        folder = Path(folder)
+        dtype = dtype or self.source_dtype
+        needed = self.adapter_bytes(dtype) + 2**20
+        require_space(folder, needed, "the pushed adapter")
+        with atomic_dir(folder) as tmp, disk_full_as_error(folder, "the pushed adapter", needed):
+            save_adapter(self.model, tmp, dtype)
+            tmp.chmod(0o755)  # readable by servers running as another user, as pushed weights
+            for file in tmp.iterdir():
+                file.chmod(0o644)
+        return folder
+
+    def adapter_bytes(self, dtype: torch.dtype | None = None) -> int:
+        """Bytes of the adapter's tensors in `dtype` (default: as trained); 0 without LoRA."""
+        if not self.lora:
+            return 0
+        size = dtype.itemsize if dtype is not None else None
+        return sum(p.numel() * (size or p.element_size()) for p in self.trainable)
+
+    def _save_hf(
+        self, folder: Path, dtype: torch.dtype, *, tokenizer: bool, model: Any = None
+    ) -> Path:
+        """`model` (default: the training model) with save_pretrained in `dtype`, atomically."""
+        model = self.model if model is None else model
         with atomic_dir(folder) as tmp:
-            self.model.save_pretrained(tmp, state_dict=_cast_state_dict(self.model, dtype))
+            model.save_pretrained(tmp, state_dict=_cast_state_dict(model, dtype))
             config_file = tmp / "config.json"
             config = json.loads(config_file.read_text())
             config["dtype"] = str(dtype).removeprefix("torch.")

@@ -263,6 +263,29 @@ class GrpoSettings(BaseModel):
     """Longest solver completion, in tokens."""
     generator_max_tokens: int = 1536
     """Longest generator completion (an environment file), in tokens."""
+    lora_rank: int = Field(0, ge=0)
+    """Rank of the LoRA adapter the trainer trains instead of every weight (0: full fine-tuning).
+    The base weights stay frozen; checkpoints hold the adapter and its optimiser state only, and
+    the KL reference is the base itself (the adapter switched off), so no second copy is kept."""
+    lora_alpha: int = Field(32, ge=1)
+    """LoRA scaling numerator: the adapter's update is multiplied by lora_alpha / lora_rank."""
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input while training. 0 keeps the training passes deterministic,
+    as the importance ratios assume (the trainer switches the model's own dropout off)."""
+    lora_target_modules: list[str] = Field(
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ],
+        min_length=1,
+    )
+    """Module names the adapter is attached to (peft's `target_modules`, a JSON list); the
+    default: the attention and MLP projections of Qwen2 and Llama."""
 
 
 class LearnerSettings(BaseModel):

@@ -1,5 +1,5 @@
 """Data-parallel training (`distributed.py`): two real processes joined by gloo, as torchrun
-starts them, train the tiny policy exactly as one process does."""
+starts them, train the tiny policy exactly as one process does, every weight or a LoRA adapter."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ WORLD = 2
 STEP_SETTINGS = {"micro_batch": 3, "learning_rate": 1e-2}
 """Micro-batches of 3: the first batch (16 valid sequences) makes 6, 3 per rank; the second (8)
 makes 3, so rank 0 runs two and rank 1 one (DistributedDataParallel's hooks could not)."""
+MODES = {"full": {}, "lora": {"lora_rank": 4}}
+"""Full fine-tuning, and LoRA (only the adapter's gradients are summed across the ranks)."""
 
 
 def groups_for(trainer: Trainer) -> list[list[GradedGroup]]:
@@ -36,7 +38,7 @@ def groups_for(trainer: Trainer) -> list[list[GradedGroup]]:
     return [first, second]
 
 
-def _rank_main(rank: int, port: int, model_dir: str, checkpoint: str, out: str) -> None:
+def _rank_main(rank: int, port: int, model_dir: str, checkpoint: str, out: str, mode: str) -> None:
     os.environ.update(
         WORLD_SIZE=str(WORLD),
         RANK=str(rank),
@@ -47,7 +49,7 @@ def _rank_main(rank: int, port: int, model_dir: str, checkpoint: str, out: str) 
     torch.set_num_threads(1)
     parallel = DataParallel.from_env(timeout_s=120)
     assert parallel is not None and parallel.rank == rank
-    trainer = Trainer(model_dir, settings(**STEP_SETTINGS), parallel=parallel)
+    trainer = Trainer(model_dir, settings(**STEP_SETTINGS, **MODES[mode]), parallel=parallel)
     if parallel.leader:
         batches = groups_for(trainer)
         trainer.load_checkpoint(checkpoint)
@@ -60,19 +62,23 @@ def _rank_main(rank: int, port: int, model_dir: str, checkpoint: str, out: str) 
     torch.distributed.destroy_process_group()
 
 
-def test_two_ranks_train_exactly_like_one_process(model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_two_ranks_train_exactly_like_one_process(
+    model_dir: Path, tmp_path: Path, mode: str
+) -> None:
     # one process: a checkpoint one step in (on other groups), then the two steps
-    single = Trainer(model_dir, settings(**STEP_SETTINGS))
+    single = Trainer(model_dir, settings(**STEP_SETTINGS, **MODES[mode]))
     single.step([make_group(single, [1.0, 0.0, 0.0], seed=9)])
     checkpoint = single.save_checkpoint(tmp_path / "checkpoints")
-    fresh = Trainer(model_dir, settings(**STEP_SETTINGS))
+    fresh = Trainer(model_dir, settings(**STEP_SETTINGS, **MODES[mode]))
+    assert fresh.lora == (mode == "lora")
     batches = groups_for(fresh)
     fresh.load_checkpoint(checkpoint)
     expected = [fresh.step(batch) for batch in batches]
 
     mp.start_processes(
         _rank_main,
-        args=(free_port(), str(model_dir), str(checkpoint), str(tmp_path)),
+        args=(free_port(), str(model_dir), str(checkpoint), str(tmp_path), mode),
         nprocs=WORLD,
         start_method="spawn",
     )
