@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
 import signal
@@ -613,8 +614,10 @@ async def _batch(
 
 
 def export(settings: Settings, folder: Path) -> Path:
-    """The policy of the run's last checkpoint as a Hugging Face folder."""
-    from evoenv_learner.checkpoints import latest_checkpoint
+    """The policy of the run's last checkpoint as a Hugging Face folder (a LoRA run's adapter
+    merged into the base weights; the checkpoint says which mode it was trained in)."""
+    from evoenv_learner.checkpoints import STATE_FILE, latest_checkpoint
+    from evoenv_learner.lora import settings_of
     from evoenv_learner.trainer import Trainer
     from evoenv_model.models import prepare_model
     from shared.errors import UsageError
@@ -622,6 +625,7 @@ def export(settings: Settings, folder: Path) -> Path:
     latest = latest_checkpoint(settings.run_dir / "checkpoints")
     if latest is None:
         raise UsageError(f"no checkpoint in {settings.run_dir / 'checkpoints'}: train first")
-    trainer = Trainer(prepare_model(settings), settings.grpo)
+    state = json.loads((latest / STATE_FILE).read_text())
+    trainer = Trainer(prepare_model(settings), settings_of(state, settings.grpo))
     trainer.load_checkpoint(latest)
     return trainer.export_hf(folder)

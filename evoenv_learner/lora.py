@@ -13,6 +13,12 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from evoenv_learner.checkpoints import (
+    atomic_dir,
+    disk_full_as_error,
+    require_space,
+    tensor_bytes,
+)
 from shared.config import GrpoSettings
 from shared.errors import UsageError
 
@@ -66,6 +72,21 @@ def mode_record(settings: GrpoSettings) -> dict[str, Any]:
     }
 
 
+def settings_of(state: Mapping[str, Any], settings: GrpoSettings) -> GrpoSettings:
+    """`settings` with the training mode and adapter shape a checkpoint's `state.json` records
+    (what `evoenv export` builds its trainer with, whatever the environment says)."""
+    if state.get("mode", "full") == "full":
+        return settings.model_copy(update={"lora_rank": 0})
+    saved = state["lora"]
+    return settings.model_copy(
+        update={
+            "lora_rank": saved["rank"],
+            "lora_alpha": saved["alpha"],
+            "lora_target_modules": list(saved["target_modules"]),
+        }
+    )
+
+
 def check_mode(name: str, state: Mapping[str, Any], settings: GrpoSettings) -> None:
     """Raise `UsageError` (one line: what to set) unless checkpoint `name`, whose `state.json`
     is `state`, was written in the mode and adapter shape of `settings`. A checkpoint without
@@ -103,6 +124,20 @@ def adapter_state(model: Any, dtype: torch.dtype | None = None) -> dict[str, tor
     if dtype is not None:
         state = {name: tensor.to(dtype) for name, tensor in state.items()}
     return state
+
+
+def write_adapter(model: Any, folder: Path, dtype: torch.dtype | None = None) -> Path:
+    """`save_adapter` for a server to load (a push): written atomically (a server never reads
+    half a folder), after checking the disk has room, and readable by servers running as
+    another user. Returns `folder`."""
+    needed = tensor_bytes(adapter_state(model, dtype).values()) + 2**20
+    require_space(folder, needed, "the pushed adapter")
+    with atomic_dir(folder) as tmp, disk_full_as_error(folder, "the pushed adapter", needed):
+        save_adapter(model, tmp, dtype)
+        tmp.chmod(0o755)
+        for file in tmp.iterdir():
+            file.chmod(0o644)
+    return folder
 
 
 def save_adapter(model: Any, folder: Path, dtype: torch.dtype | None = None) -> None:

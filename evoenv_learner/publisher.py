@@ -1,9 +1,8 @@
 """Make the learner's new weights live on every vLLM server, then bump the policy version.
 
-One interface, `WeightPublisher.publish(model) -> version`, two mechanisms: `ReloadPublisher`
-(portable) and `NcclPublisher` (GPU, untested without one); `make_publisher` picks one by
-`serve.weight_push`. The push sequence and its failure rule: docs/DESIGN.md#policy-versions.
-"""
+`WeightPublisher.publish(model) -> version`, by `make_publisher`'s choice: `ReloadPublisher`
+(portable) or `NcclPublisher` (GPU, untested without one) for full weights, `AdapterPublisher`
+(no pause) in LoRA mode. Push sequences and failure rules: docs/DESIGN.md#policy-versions."""
 
 from __future__ import annotations
 
@@ -137,6 +136,31 @@ class ServerControl:
             log.info("weight_version_labels_unsupported", server=self.url)
             return
         self._ok(response, "update_weight_version")
+
+    def load_adapter(self, name: str, folder: Path) -> None:
+        """Load the LoRA adapter in `folder` as `name` (requests asking for `name` use it),
+        in place of any adapter of that name (a retried call; one a learner before this one
+        left under the same version, after Redis lost the version)."""
+        body = {"lora_name": name, "lora_path": str(folder), "load_inplace": True}
+        response = self._retry(
+            "load_lora_adapter", lambda: self._post("/v1/load_lora_adapter", json=body)
+        )
+        self._ok(response, "load_lora_adapter")
+
+    def unload_adapter(self, name: str) -> None:
+        """Unload adapter `name`; one the server does not have (404: restarted since) is done."""
+        body = {"lora_name": name}
+        response = self._retry(
+            "unload_lora_adapter", lambda: self._post("/v1/unload_lora_adapter", json=body)
+        )
+        if response.status_code != 404:
+            self._ok(response, "unload_lora_adapter")
+
+    def adapters(self) -> list[str]:
+        """The names of the LoRA adapters the server has loaded (`GET /v1/models`)."""
+        response = self._retry("models", lambda: self.http.get(f"{self.url}/v1/models"))
+        self._ok(response, "models")
+        return [m["id"] for m in response.json().get("data", []) if m.get("parent")]
 
     def world_size(self) -> int:
         response = self._retry("world_size", lambda: self.http.get(f"{self.url}/get_world_size"))
@@ -361,6 +385,109 @@ class ReloadPublisher(_Pusher):
                 shutil.rmtree(old, ignore_errors=True)
 
 
+class AdapterPublisher(_Pusher):
+    """LoRA mode: each version's adapter is written to `push_dir/v{N}` and loaded into every
+    server under `policy-v{N}` beside the older ones, with no pause: requests in flight finish
+    on the adapter they asked for and new ones ask for the newest (`shared.inference`). Only
+    then is the version published in Redis. Adapters more than `max_staleness` versions old are
+    unloaded (a request still asking for one is retried on the newest); the servers hold
+    `max_staleness + 1` of them (`evoenv_model.serve.lora_args`). A folder goes only
+    `max_staleness + 1` versions after its adapter was unloaded from every server: a server
+    reads an adapter's files again whenever it brings it back into its cache, a request
+    accepted just before the unload included, and an adapter whose files are gone takes the
+    whole server down (vLLM 0.32).
+
+    A load that fails on a server unloads the new adapter from the servers that took it and
+    raises `PushFailed`, the version unchanged. A restarted server has no adapter: the
+    learner's republish (a new version) loads the current one into every server.
+    """
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        redis_client: redis.Redis,
+        push_dir: Path,
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        max_staleness: int = 4,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(urls, redis_client, **kwargs)
+        self.push_dir = push_dir
+        self.dtype = dtype
+        self.max_staleness = max_staleness
+        push_dir.mkdir(parents=True, exist_ok=True)
+        self.live: dict[str, set[int]] = {
+            server.url: set(_adapter_versions(server.adapters())) for server in self.servers
+        }
+        """The adapter versions each server holds, as far as this publisher knows (those a
+        previous learner left are found at start, and retired like the others)."""
+
+    def publish(self, model: torch.nn.Module, version: int | None = None) -> int:
+        from evoenv_learner.lora import write_adapter
+
+        new = self.next_version(version)
+        start = time.monotonic()
+        folder = write_adapter(model, self.push_dir / f"v{new:08d}", self.dtype)
+        written = time.monotonic()
+        loaded: list[ServerControl] = []
+        try:
+            for server in self.servers:
+                server.load_adapter(policy.adapter_name(new), folder)
+                loaded.append(server)
+                self.live[server.url].add(new)
+            policy.publish_version(self.redis, new)
+        except Exception as exc:
+            log.error("push_failed", version=new, error=str(exc))
+            for server in loaded:
+                self._unload(server, new)
+            shutil.rmtree(folder, ignore_errors=True)
+            raise PushFailed(
+                f"adapter push of version {new} failed; the policy version is {self.version}: {exc}"
+            ) from exc
+        self.version = new
+        log.info(
+            "weights_published",
+            version=new,
+            servers=len(self.servers),
+            write_seconds=round(written - start, 3),
+            push_seconds=round(time.monotonic() - written, 3),
+        )
+        self._retire(new)
+        return new
+
+    def _unload(self, server: ServerControl, version: int) -> None:
+        try:
+            server.unload_adapter(policy.adapter_name(version))
+        except EvoEnvError as exc:
+            log.warning("adapter_unload_failed", server=server.url, version=version, error=str(exc))
+            return
+        self.live[server.url].discard(version)
+
+    def _retire(self, newest: int) -> None:
+        """Unload the adapters older than `max_staleness` versions; remove the folders of
+        those `max_staleness + 1` versions older still that no server holds any more."""
+        oldest_live = newest - self.max_staleness
+        for server in self.servers:
+            for version in sorted(v for v in self.live[server.url] if v < oldest_live):
+                self._unload(server, version)
+        held = set().union(*self.live.values())
+        for folder in self.push_dir.glob("v*"):
+            number = folder.name[1:]
+            if not number.isdigit() or int(number) in held:
+                continue
+            if int(number) < oldest_live - self.max_staleness - 1:
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def _adapter_versions(names: Sequence[str]) -> list[int]:
+    """The policy versions among adapter names (`policy-v{N}`); other adapters are not ours."""
+    prefix = policy.adapter_name(0)[:-1]
+    return [
+        int(n[len(prefix) :]) for n in names if n.startswith(prefix) and n[len(prefix) :].isdigit()
+    ]
+
+
 class NcclPublisher(_Pusher):
     """GPU fast path: NCCL broadcast through vLLM 0.32's weight-transfer API.
 
@@ -460,9 +587,18 @@ def make_publisher(
     master_address: str = "127.0.0.1",
     master_port: int = 29600,
 ) -> WeightPublisher:
-    """The mechanism `settings.serve.weight_push` selects, for `settings.vllm_urls`: NCCL
-    streaming `model`, or reload from folders under `push_dir` (`current`: the folder the
-    servers serve now, put back if a push fails)."""
+    """The mechanism for `settings.vllm_urls`: in LoRA mode adapters loaded from folders under
+    `push_dir`; otherwise the one `settings.serve.weight_push` selects, NCCL streaming `model`,
+    or reload from folders under `push_dir` (`current`: the folder the servers serve now, put
+    back if a push fails)."""
+    if settings.grpo.lora_rank > 0:
+        return AdapterPublisher(
+            settings.vllm_urls,
+            redis_client,
+            push_dir,
+            dtype=push_dtype(settings),
+            max_staleness=settings.learner.max_staleness,
+        )
     if settings.serve.weight_push == "nccl":
         return NcclPublisher(
             settings.vllm_urls,

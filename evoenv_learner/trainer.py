@@ -44,6 +44,7 @@ from evoenv_learner.lora import (
     mode_record,
     save_adapter,
     with_lora,
+    write_adapter,
 )
 from shared.config import GrpoSettings
 from shared.errors import UsageError
@@ -576,16 +577,7 @@ class Trainer:
                 "save_adapter_for_push needs a LoRA trainer (EVOENV_GRPO__LORA_RANK > 0); "
                 "push full weights with save_weights_for_push"
             )
-        folder = Path(folder)
-        dtype = dtype or self.source_dtype
-        needed = self.adapter_bytes(dtype) + 2**20
-        require_space(folder, needed, "the pushed adapter")
-        with atomic_dir(folder) as tmp, disk_full_as_error(folder, "the pushed adapter", needed):
-            save_adapter(self.model, tmp, dtype)
-            tmp.chmod(0o755)  # readable by servers running as another user, as pushed weights
-            for file in tmp.iterdir():
-                file.chmod(0o644)
-        return folder
+        return write_adapter(self.model, Path(folder), dtype or self.source_dtype)
 
     def adapter_bytes(self, dtype: torch.dtype | None = None) -> int:
         """Bytes of the adapter's tensors in `dtype` (default: as trained); 0 without LoRA."""

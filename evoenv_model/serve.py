@@ -22,7 +22,7 @@ import httpx
 import structlog
 
 from shared.config import Settings
-from shared.errors import ServiceUnavailable
+from shared.errors import ServiceUnavailable, UsageError
 from shared.hardware import cpu_flags, describe, serving_dtype
 
 log = structlog.get_logger(__name__)
@@ -68,7 +68,8 @@ def server_command(
     `--enable-scale-out` (the token-in/token-out `/inference/v1/generate` endpoint, whose
     outputs carry the weight version of every generated token) and, on a CPU,
     `--enforce-eager` (compiling would cost a minute or more at every start:
-    docs/results.md#figures-behind-defaults).
+    docs/results.md#figures-behind-defaults). In LoRA mode (`grpo.lora_rank` > 0) the server
+    takes adapters at run time (`lora_args`).
     """
     serve = settings.serve
     command = [
@@ -86,14 +87,39 @@ def server_command(
         command.append("--enforce-eager")
     if serve.weight_push == "nccl":
         command += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
-    return command + list(serve.extra_args)
+    return command + lora_args(settings) + list(serve.extra_args)
+
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The `--max-lora-rank` values vLLM accepts."""
+
+
+def lora_args(settings: Settings) -> list[str]:
+    """LoRA mode's server flags (none in full fine-tuning): adapters enabled, a maximum rank
+    of at least the trained one, a slot in a batch for every version a completion may still
+    be sampled from (`learner.max_staleness` + 1), so that requests of every live version run
+    side by side, and twice as many kept in memory (an adapter evicted from memory is read
+    from its folder again)."""
+    rank = settings.grpo.lora_rank
+    if rank == 0:
+        return []
+    if rank > LORA_RANKS[-1]:
+        raise UsageError(f"grpo.lora_rank {rank} is above what vLLM serves ({LORA_RANKS[-1]})")
+    slots = settings.learner.max_staleness + 1
+    return [
+        "--enable-lora",
+        "--max-lora-rank", str(next(r for r in LORA_RANKS if r >= rank)),
+        "--max-loras", str(slots),
+        "--max-cpu-loras", str(2 * slots),
+    ]  # fmt: skip
 
 
 def server_env(settings: Settings, *, gpu: bool = False) -> dict[str, str]:
     """The environment of the server process: ours, plus what vLLM needs here.
 
     `VLLM_SERVER_DEV_MODE=1` opens the `/pause`, `/resume`, `/collective_rpc`,
-    `/reset_prefix_cache` and `/update_weight_version` endpoints the weight publisher uses.
+    `/reset_prefix_cache` and `/update_weight_version` endpoints the weight publisher uses
+    (and in LoRA mode `VLLM_ALLOW_RUNTIME_LORA_UPDATING` the adapter endpoints).
     They let anyone who can reach the port replace the weights, so the server binds 127.0.0.1
     unless told otherwise and must never face an untrusted network. On a CPU,
     `VLLM_CPU_KVCACHE_SPACE` (GiB) sizes the KV cache.
@@ -103,6 +129,8 @@ def server_env(settings: Settings, *, gpu: bool = False) -> dict[str, str]:
     env.setdefault("HF_HUB_OFFLINE", "1")
     if not gpu:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.serve.kv_cache_gib)
+    if settings.grpo.lora_rank > 0:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter and unload
     return env
 
 

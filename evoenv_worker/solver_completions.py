@@ -38,9 +38,10 @@ def make_client(
     version_source: Callable[[], int] | None = None,
     serving_clock: Callable[[], float] | None = None,
 ) -> InferenceClient:
-    """The policy's client from settings (served model name: `settings.model`). With
-    `serving_clock`, a request may take `worker.complete_time_limit` seconds on that clock
-    (paused seconds left out) and `worker.complete_wall_limit` seconds in all."""
+    """The policy's client from settings (served model name: `settings.model`; in LoRA mode,
+    `grpo.lora_rank` > 0, the newest version's adapter). With `serving_clock`, a request may
+    take `worker.complete_time_limit` seconds on that clock (paused seconds left out) and
+    `worker.complete_wall_limit` seconds in all."""
     return InferenceClient(
         settings.vllm_urls,
         settings.model,
@@ -49,4 +50,5 @@ def make_client(
         request_timeout=settings.worker.complete_time_limit,
         serving_clock=serving_clock,
         wall_timeout=settings.worker.complete_wall_limit,
+        adapters=settings.grpo.lora_rank > 0,
     )

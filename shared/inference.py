@@ -19,11 +19,12 @@ import httpx
 from pydantic import BaseModel, ConfigDict
 
 from shared.errors import EvoEnvError, ServiceUnavailable
+from shared.policy import adapter_name
 
 Json = dict[str, Any]
 Messages = Sequence[dict[str, str]]
 Route = Literal["tokens", "openai"]
-VersionSource = Literal["server", "redis", "none"]
+VersionSource = Literal["server", "redis", "adapter", "none"]
 
 
 class InferenceError(EvoEnvError):
@@ -109,7 +110,8 @@ class Completion(BaseModel):
     policy_version: int
     """Version of the weights that sampled it (the oldest, should a push happen mid-way)."""
     version_source: VersionSource
-    """Where the version came from: the server's per-token labels, Redis, or neither (0)."""
+    """Where the version came from: the server's per-token labels, Redis, the LoRA adapter the
+    request asked for (`adapter`: its version, exactly), or neither (0)."""
     weight_versions: list[int] = []
     """The versions the server's spans name, in token order: two or more when a push came
     mid-way and the completion went on under the new weights (`keep` pauses); empty where the
@@ -302,6 +304,27 @@ def _no_tokens_route(response: httpx.Response) -> bool:
     return False
 
 
+def _adapter_body(body: Json, base: str, version: int | None) -> Json:
+    """LoRA mode: the request asks for the adapter of `version` (the base model at version 0,
+    before any push)."""
+    return {**body, "model": adapter_name(version) if version else base}
+
+
+def _adapter_status(response: httpx.Response, model: str) -> None:
+    """LoRA mode's status check: a 404 means the adapter asked for is not (or no longer)
+    loaded on that server (unloaded as too stale, or the server restarted and the learner has
+    not loaded it again yet): retried, asking for the newest version then."""
+    if response.status_code == 404:
+        raise _Retryable(f"{response.request.url} does not serve {model} (404)")
+    _status(response)
+
+
+def _as_adapter(completions: list[Completion], version: int | None) -> list[Completion]:
+    """LoRA mode: each completion's version is the adapter's it asked for."""
+    update = {"policy_version": version or 0, "version_source": "adapter", "weight_versions": []}
+    return [c.model_copy(update=update) for c in completions]
+
+
 @dataclass
 class _Balancer:
     """Spreads requests across servers and remembers which route each one supports."""
@@ -384,6 +407,11 @@ class InferenceClient:
       `return_token_ids` and `logprobs`; the policy version is the one `version_source`
       (Redis) gave just before the request, so a request queued during a weight push is tagged
       one version old, which only errs towards calling it stale.
+    - LoRA mode (`adapters=True`, the policy trained as a LoRA adapter): the OpenAI route,
+      asking for the newest version's adapter by name (`adapter_name`, the version read from
+      `version_source` just before); the completion's version is that adapter's. A server
+      that does not serve it (404: unloaded as too stale, or restarted and not loaded yet) is
+      retried like a failed one, asking for the newest version again.
 
     Failures: a connection error, a timeout or a 5xx answer is retried with backoff on the next
     server, at most `attempts` times in all, then raised as `ServiceUnavailable`. With a
@@ -406,12 +434,14 @@ class InferenceClient:
         backoff: float = 0.5,
         serving_clock: Callable[[], float] | None = None,
         wall_timeout: float | None = None,
+        adapters: bool = False,
     ) -> None:
         """`request_timeout`: seconds a request may wait for its answer, on `serving_clock` if
         one is given (seconds the servers are paused left out), else on the wall clock;
         `wall_timeout` (with a clock): the most wall seconds it may take all the same."""
         self.model = model
         self.version_source = version_source
+        self.adapters = adapters
         self._balancer = _Balancer(list(urls), attempts, backoff)
         self.request_timeout = request_timeout
         self.serving_clock = serving_clock
@@ -484,6 +514,11 @@ class InferenceClient:
                 time.sleep(self._balancer.delay(attempt))
             try:
                 version = self.version_source() if self.version_source else None
+                if self.adapters:
+                    asked = _adapter_body(body, self.model, version)
+                    response = self._post(f"{url}{path}", asked)
+                    _adapter_status(response, asked["model"])
+                    return _as_adapter(parse(_json(response), url, version), version)
                 if self._balancer.route(url) == "tokens":
                     result = self._via_tokens(url, path, body, version)
                     if result is not None:
@@ -523,9 +558,11 @@ class AsyncInferenceClient:
         connect_timeout: float = 5.0,
         attempts: int = 4,
         backoff: float = 0.5,
+        adapters: bool = False,
     ) -> None:
         self.model = model
         self.version_source = version_source
+        self.adapters = adapters
         self._balancer = _Balancer(list(urls), attempts, backoff)
         self._http = httpx.AsyncClient(timeout=_timeout(request_timeout, connect_timeout))
 
@@ -577,6 +614,11 @@ class AsyncInferenceClient:
                 await asyncio.sleep(self._balancer.delay(attempt))
             try:
                 version = await self.version_source() if self.version_source else None
+                if self.adapters:
+                    asked = _adapter_body(body, self.model, version)
+                    response = await self._http.post(f"{url}{path}", json=asked)
+                    _adapter_status(response, asked["model"])
+                    return _as_adapter(parse(_json(response), url, version), version)
                 if self._balancer.route(url) == "tokens":
                     result = await self._via_tokens(url, path, body, version)
                     if result is not None:

@@ -26,6 +26,11 @@ return {1, new}
 """
 
 
+def adapter_name(version: int) -> str:
+    """The name LoRA mode loads a policy version's adapter under on every server."""
+    return f"policy-v{version}"
+
+
 class VersionNotIncreased(EvoEnvError):
     """A version was published that is not greater than the one in Redis (never reused)."""
 

@@ -277,3 +277,45 @@ def test_a_request_timed_on_the_serving_clock_leaves_paused_seconds_out(
     plain = client(request_timeout=0.5)  # without a clock: the wall clock, as before
     with plain, pytest.raises(ServiceUnavailable):
         plain.chat(hi)
+
+
+def test_lora_mode_asks_for_the_newest_adapter_and_retries_one_that_is_gone(
+    fake_servers: Callable[[], FakeServer],
+) -> None:
+    """`adapters=True`: the request names the version's adapter (`policy-v{N}`, the base model
+    at version 0), the completion counts as that version, and a server that does not have it
+    (404) is retried, asking for the newest version again."""
+    gone, live = fake_servers(), fake_servers()
+    gone.routes[("POST", "/v1/chat/completions")] = (404, {"error": "model does not exist"})
+    live.routes[("POST", "/v1/chat/completions")] = (200, CHAT)
+    versions = iter([3, 5])
+    with InferenceClient(
+        [gone.url, live.url],
+        "m",
+        version_source=lambda: next(versions),
+        adapters=True,
+        backoff=0.0,
+    ) as client:
+        (completion,) = client.chat([{"role": "user", "content": "q"}])
+    assert [body["model"] for _, _, body in gone.hits + live.hits] == ["policy-v3", "policy-v5"]
+    assert (completion.policy_version, completion.version_source) == (5, "adapter")
+    assert gone.paths() == ["/v1/chat/completions"]  # never the token route
+
+    with InferenceClient([live.url], "m", version_source=lambda: 0, adapters=True) as client:
+        (base,) = client.chat([{"role": "user", "content": "q"}])
+    assert live.hits[-1][2]["model"] == "m"
+    assert (base.policy_version, base.version_source) == (0, "adapter")
+
+
+def test_lora_mode_gives_up_when_no_server_has_an_adapter(
+    fake_servers: Callable[[], FakeServer],
+) -> None:
+    server = fake_servers()
+    server.routes[("POST", "/v1/chat/completions")] = (404, {"error": "model does not exist"})
+    with (
+        InferenceClient(
+            [server.url], "m", version_source=lambda: 7, adapters=True, attempts=2, backoff=0.0
+        ) as client,
+        pytest.raises(ServiceUnavailable, match="policy-v7"),
+    ):
+        client.chat([{"role": "user", "content": "q"}])

@@ -89,3 +89,27 @@ def test_server_command_and_environment(tmp_path: Path) -> None:
     assert max_len_for(tmp_path / "nowhere", 4096) == 4096
     nccl = settings.model_copy(update={"serve": ServeSettings(weight_push="nccl")})
     assert "--weight-transfer-config" in server_command(nccl, tmp_path, gpu=True)
+
+
+def test_lora_mode_serves_adapters_with_a_slot_for_every_live_version(tmp_path: Path) -> None:
+    full = Settings(model="smollm2-135m-instruct")
+    assert "--enable-lora" not in server_command(full, tmp_path)
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in server_env(full)
+    lora = Settings.model_validate(
+        {
+            "model": "smollm2-135m-instruct",
+            "grpo": {"lora_rank": 12},
+            "learner": {"max_staleness": 6},
+        }
+    )
+    command = server_command(lora, tmp_path)
+    assert "--enable-lora" in command
+    flags = dict(zip(command[3::2], command[4::2], strict=False))
+    assert command[command.index("--max-lora-rank") + 1] == "16"  # the next rank vLLM takes
+    assert command[command.index("--max-loras") + 1] == "7"
+    assert command[command.index("--max-cpu-loras") + 1] == "14"
+    assert flags["--model"] == str(tmp_path)
+    assert server_env(lora)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    too_big = lora.model_copy(update={"grpo": lora.grpo.model_copy(update={"lora_rank": 1024})})
+    with pytest.raises(UsageError, match="lora_rank 1024"):
+        server_command(too_big, tmp_path)

@@ -1,0 +1,203 @@
+"""LoRA mode against a real vLLM server (`--enable-lora`): adapters pushed by the learner's
+`AdapterPublisher` under versioned names, asked for by the workers' client.
+
+The small model's adapter is fine-tuned in the test (a few AdamW steps on one distinctive
+sentence, as `test_weight_push.py` does with full weights): pushed, the server's greedy answer
+becomes that sentence, and asking for the previous version's adapter gives the original answer
+back. A push does not pause anything: completions in flight finish on the adapter they asked
+for. Adapters older than `max_staleness` versions are unloaded, and a request that asks for one
+is retried on the newest.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+import torch
+from conftest import model_settings
+from fake_vllm import free_port
+
+from evoenv_learner.publisher import AdapterPublisher
+from evoenv_learner.trainer import Trainer
+from evoenv_model.models import TEST_MODEL
+from evoenv_model.serve import VllmServer, start_server
+from shared import policy
+from shared.config import GrpoSettings, LearnerSettings
+from shared.errors import ServiceUnavailable
+from shared.inference import InferenceClient, Sampling
+
+pytestmark = pytest.mark.slow
+
+PROMPT = [{"role": "user", "content": "Tell me something about the sea."}]
+TARGET = "The purple lighthouse keeper counts 4711 silver whales every Tuesday."
+GREEDY = Sampling(max_tokens=40, temperature=0.0)
+LORA = GrpoSettings.model_validate({"lora_rank": 8, "lora_alpha": 16, "compute_dtype": "float32"})
+MAX_STALENESS = 1
+
+
+@pytest.fixture(scope="module")
+def lora_server(
+    small_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VllmServer]:
+    """The small model served with adapters enabled (rank 8, `MAX_STALENESS + 1` slots)."""
+    settings = model_settings(port=free_port()).model_copy(
+        update={"grpo": LORA, "learner": LearnerSettings(max_staleness=MAX_STALENESS)}
+    )
+    log_path = tmp_path_factory.mktemp("vllm-lora") / "server.log"
+    with log_path.open("wb") as log_file:
+        try:
+            server = start_server(settings, small_model, output=log_file)
+        except ServiceUnavailable as exc:
+            pytest.fail(f"{exc}\n--- server log (tail) ---\n{log_path.read_text()[-4000:]}")
+        with server:
+            yield server
+
+
+def loaded_adapters(server: VllmServer) -> set[str]:
+    models = httpx.get(f"{server.url}/v1/models").json()["data"]
+    return {m["id"] for m in models if m.get("parent")}
+
+
+def unload_all(server: VllmServer) -> None:
+    """Leave the module's server as it started: its adapters' folders go with the test."""
+    for name in loaded_adapters(server):
+        httpx.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": name})
+
+
+def push_folders(tmp_path: Path) -> list[int]:
+    return sorted(int(p.name[1:]) for p in (tmp_path / "push").iterdir())
+
+
+def tune(trainer: Trainer, prompt_ids: list[int], target_ids: list[int]) -> None:
+    """AdamW steps on the adapter alone until the prompt's answer is `target_ids`."""
+    optimizer = torch.optim.AdamW(trainer.trainable, lr=3e-3)
+    ids = torch.tensor([prompt_ids + target_ids])
+    labels = ids.clone()
+    labels[0, : len(prompt_ids)] = -100  # learn the answer only
+    for _ in range(60):
+        loss = trainer.model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if loss.item() < 0.02:
+            return
+    pytest.fail(f"the adapter did not learn the sentence (loss {loss.item():.3f})")
+
+
+def test_an_adapter_push_changes_the_greedy_answer_and_the_previous_adapter_gives_it_back(
+    lora_server: VllmServer, small_model: Path, redis_url: str, tmp_path: Path
+) -> None:
+    store = redis.Redis.from_url(redis_url)
+    newest = InferenceClient(
+        [lora_server.url],
+        TEST_MODEL,
+        version_source=lambda: policy.read_version(store),
+        adapters=True,
+    )
+    publisher = AdapterPublisher(
+        [lora_server.url], store, tmp_path / "push", dtype=torch.float32, max_staleness=1
+    )
+    trainer = Trainer(small_model, LORA, device="cpu")
+    assert trainer.tokenizer is not None
+    try:
+        (base,) = newest.chat(PROMPT, GREEDY)  # version 0: no adapter yet, the base model
+        assert (base.policy_version, base.version_source) == (0, "adapter")
+        first = publisher.publish(trainer.model)  # B = 0: the base model's answer
+        (untrained,) = newest.chat(PROMPT, GREEDY)
+        assert untrained.text == base.text
+        assert (untrained.policy_version, untrained.version_source) == (first, "adapter")
+
+        prompt_ids = trainer.tokenizer.apply_chat_template(
+            PROMPT, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        target_ids = trainer.tokenizer(TARGET + "<|im_end|>", add_special_tokens=False)
+        tune(trainer, list(prompt_ids), target_ids["input_ids"])
+        second = publisher.publish(trainer.model)
+        (tuned,) = newest.chat(PROMPT, GREEDY)
+        assert tuned.text.strip() == TARGET, tuned.text
+        assert (tuned.policy_version, tuned.version_source) == (second, "adapter")
+
+        # The previous version's adapter is still loaded and gives the original answer back.
+        with InferenceClient(
+            [lora_server.url], TEST_MODEL, version_source=lambda: first, adapters=True
+        ) as previous:
+            (back,) = previous.chat(PROMPT, GREEDY)
+        assert back.text == base.text
+        assert back.policy_version == first
+
+        # A third push retires the first (max_staleness 1): unloaded; a request still asking
+        # for it is retried on the newest. Its folder stays two versions longer (a server
+        # reads an adapter's files again when it brings it back into memory).
+        third = publisher.publish(trainer.model)
+        assert loaded_adapters(lora_server) == {policy.adapter_name(v) for v in (second, third)}
+        assert push_folders(tmp_path) == [first, second, third]
+        fifth = [publisher.publish(trainer.model) for _ in range(2)][-1]
+        assert loaded_adapters(lora_server) == {policy.adapter_name(v) for v in (fifth - 1, fifth)}
+        assert push_folders(tmp_path) == [second, third, fifth - 1, fifth]
+        asked = itertools.chain([first], itertools.repeat(fifth))
+        with InferenceClient(
+            [lora_server.url], TEST_MODEL, version_source=lambda: next(asked), adapters=True
+        ) as stale:
+            (retried,) = stale.chat(PROMPT, GREEDY)
+        assert retried.policy_version == fifth
+        assert retried.text.strip() == TARGET
+    finally:
+        unload_all(lora_server)
+        publisher.close()
+        newest.close()
+        store.close()
+
+
+def test_an_adapter_push_does_not_wait_for_the_requests_in_flight(
+    lora_server: VllmServer, small_model: Path, redis_url: str, tmp_path: Path
+) -> None:
+    """Two completions asking for version N; the push of N + 1 returns while they run (no
+    pause: measured 0.03 s to load an adapter of the small model), and each finishes on N's
+    adapter; a request after the push gets N + 1."""
+    store = redis.Redis.from_url(redis_url)
+    client = InferenceClient(
+        [lora_server.url],
+        TEST_MODEL,
+        version_source=lambda: policy.read_version(store),
+        adapters=True,
+    )
+    publisher = AdapterPublisher(
+        [lora_server.url], store, tmp_path / "push", dtype=torch.float32, max_staleness=1
+    )
+    trainer = Trainer(small_model, LORA, device="cpu")
+    count = [{"role": "user", "content": "Count from 1 to 1000, one number a line."}]
+    long = Sampling(max_tokens=128, temperature=0.0)
+    ends: list[float] = []
+    try:
+        first = publisher.publish(trainer.model)
+        with ThreadPoolExecutor(2) as pool:
+            began = time.monotonic()
+            futures = [pool.submit(client.chat, count, long) for _ in range(2)]
+            for f in futures:
+                f.add_done_callback(lambda _f: ends.append(time.monotonic() - began))
+            time.sleep(1.0)  # the requests are decoding
+            pushed = time.monotonic() - began
+            second = publisher.publish(trainer.model)
+            returned = time.monotonic() - began
+            running_after_push = sum(not f.done() for f in futures)
+            completions = [f.result()[0] for f in futures]
+        (after,) = client.chat(PROMPT, GREEDY)
+        ended = sorted(round(end, 1) for end in ends)
+        timing = f"push from {pushed:.1f} s to {returned:.1f} s; completions ended at {ended} s"
+        assert running_after_push == 2, "the push waited for the completions in flight: " + timing
+        assert returned - pushed < 2.0, timing
+        assert all(c.finish_reason == "length" for c in completions), completions
+        assert {(c.policy_version, c.version_source) for c in completions} == {(first, "adapter")}
+        assert (after.policy_version, after.version_source) == (second, "adapter")
+    finally:
+        unload_all(lora_server)
+        publisher.close()
+        client.close()
+        store.close()
