@@ -15,9 +15,11 @@ and not counted, so each figure is the pause itself. Three modes, `--pushes` eac
   KV computed under the old weights, and new requests may reuse stale cached blocks).
 
 Prints a table (median, p95, max seconds; completions that ended during each mode, how many of
-them were aborted instead of finishing, and their tokens per second of the mode's run) and,
-last, `push-summary: full_wait_p95=X
-full_keep_pause_p95=X`.
+them were aborted instead of finishing, and their tokens per second of the mode's run). Then,
+unless `--no-lora`, LoRA beside full fine-tuning (`bench_lora.py`: step time and memory,
+adapter pushes with completions in flight, generation with an adapter, checkpoint size), and
+last `push-summary: full_wait_p95=X full_keep_pause_p95=X` with, after LoRA,
+`lora_push_p95=X lora_step_ratio=X lora_gen_ratio=X lora_ckpt_mb=X`.
 """
 
 from __future__ import annotations
@@ -97,6 +99,8 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--gap", type=float, default=4.0, help="seconds between pushes")
+    parser.add_argument("--lora-rank", type=int, default=16)
+    parser.add_argument("--no-lora", action="store_true", help="full-weight pushes only")
     args = parser.parse_args()
 
     base = Settings()
@@ -167,7 +171,12 @@ def main() -> None:
         )
     wait_p95, keep_p95 = p95(rows[0][1]), p95(rows[1][1])
     print(f"  ratio keep / wait (p95): {keep_p95 / wait_p95:.2f}")
-    print(f"push-summary: full_wait_p95={wait_p95:.2f} full_keep_pause_p95={keep_p95:.2f}")
+    line = f"push-summary: full_wait_p95={wait_p95:.2f} full_keep_pause_p95={keep_p95:.2f}"
+    if not args.no_lora:
+        from bench_lora import run, summary
+
+        line += " " + summary(run(settings.model, args.lora_rank, args.pushes, args.in_flight, 2))
+    print(line)
 
 
 if __name__ == "__main__":

@@ -58,10 +58,13 @@ of the rise is not format: 4 answers had no answer span before, 17-19 went from 
 Greedy decoding makes the measurement before training the same on every run (0.852): the noise
 is in training.
 
+In LoRA mode (`EVOENV_GRPO__LORA_RANK=16 IT_LEARNS_LEARNING_RATE=... pytest
+tests/e2e/test_it_learns.py`: not gated), the figures are in docs/results.md.
+
 The line, parsed by whoever reads the output (also in pytest's terminal summary):
 `it-learns: env=NAME difficulty=D n=N before=... after=... best_constant=... answer='A'
 non_modal_before=... non_modal_after=... b=B c=C b_nm=B c_nm=C fmt_err_before=K fmt_err_after=K
-p=X p_non_modal=Y`
+p=X p_non_modal=Y lora_rank=R lr=X`
 """
 
 from __future__ import annotations
@@ -95,7 +98,9 @@ FIRST = 1000
 MAX_TOKENS = 32
 """Longest completion, in training and evaluation (the model answers in about 8 tokens)."""
 STEPS = 3
-LEARNING_RATE = 5e-6
+LEARNING_RATE = float(os.environ.get("IT_LEARNS_LEARNING_RATE", "5e-6"))
+"""`IT_LEARNS_LEARNING_RATE` with `EVOENV_GRPO__LORA_RANK` > 0 runs the protocol in LoRA mode
+(the cluster's server then takes adapters; an adapter needs a larger rate than full weights)."""
 GROUP_SIZE = 4
 BATCH_GROUPS = 8
 CEILING = 0.9
@@ -195,7 +200,8 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         f"non_modal_before={out['non_modal_before']:.3f} "
         f"non_modal_after={out['non_modal_after']:.3f} b={b} c={c} b_nm={b_nm} c_nm={c_nm} "
         f"fmt_err_before={fmt_before} fmt_err_after={fmt_after} p={out['p']:.2g} "
-        f"p_non_modal={out['p_non_modal']:.2g}"
+        f"p_non_modal={out['p_non_modal']:.2g} "
+        f"lora_rank={os.environ.get('EVOENV_GRPO__LORA_RANK', '0')} lr={LEARNING_RATE:g}"
     )
     return out
 
