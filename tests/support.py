@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,20 @@ def cannot_open(path: Path, prefix: list[str]) -> bool:
     """Whether a command run after `prefix` is refused opening `path` for reading."""
     code = f"try: open({str(path)!r}, 'rb')\nexcept PermissionError: raise SystemExit(13)"
     return subprocess.run([*prefix, sys.executable, "-c", code], check=False).returncode == 13
+
+
+_SERVERS: list[Callable[[], None]] = []
+
+
+def register_server(stop: Callable[[], None]) -> None:
+    """A session-scoped model server's `stop`, for `stop_servers` (it must be safe to call
+    twice: its fixture stops it again at the session's end)."""
+    _SERVERS.append(stop)
+
+
+def stop_servers() -> None:
+    """Stop the registered servers: the end-to-end cluster calls it before it starts, so that
+    no two model servers and a trainer of the large model share the machine's memory (in one
+    CI run the learner was killed for memory with the small model's server still up)."""
+    while _SERVERS:
+        _SERVERS.pop()()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from e2e_support import Cluster, evoenv, kill_group
-from support import free_port
+from support import free_port, stop_servers
 
 from evoenv_model.models import prepare_model
 from evoenv_model.serve import start_server
@@ -43,6 +43,7 @@ def _drop_weight_files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
 def shared_cluster(
     redis_server: object, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Cluster]:
+    stop_servers()  # the small model's server (tests/model): its tests have all run
     folder = tmp_path_factory.mktemp("e2e")
     port = free_port()
     env = {

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from fake_vllm import FakeServer, free_port
+from support import register_server
 
 from evoenv_model.models import TEST_MODEL, prepare_model
 from evoenv_model.serve import VllmServer, start_server
@@ -49,7 +50,8 @@ def small_model() -> Path:
 def vllm_server(
     small_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[VllmServer]:
-    """One vLLM server on the small model for the whole session, stopped at the end."""
+    """One vLLM server on the small model for the session, stopped at its end or when the
+    end-to-end cluster starts (`support.stop_servers`), whichever comes first."""
     settings = model_settings(port=free_port())
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
     with log_path.open("wb") as log_file:
@@ -58,6 +60,7 @@ def vllm_server(
         except ServiceUnavailable as exc:
             tail = log_path.read_text(errors="replace")[-4000:]
             pytest.fail(f"{exc}\n--- server log (tail) ---\n{tail}")
+        register_server(server.stop)
         try:
             yield server
         finally:
