@@ -129,14 +129,23 @@ def adapter_state(model: Any, dtype: torch.dtype | None = None) -> dict[str, tor
 def write_adapter(model: Any, folder: Path, dtype: torch.dtype | None = None) -> Path:
     """`save_adapter` for a server to load (a push): written atomically (a server never reads
     half a folder), after checking the disk has room, and readable by servers running as
-    another user. Returns `folder`."""
-    needed = tensor_bytes(adapter_state(model, dtype).values()) + 2**20
-    require_space(folder, needed, "the pushed adapter")
-    with atomic_dir(folder) as tmp, disk_full_as_error(folder, "the pushed adapter", needed):
-        save_adapter(model, tmp, dtype)
-        tmp.chmod(0o755)
-        for file in tmp.iterdir():
-            file.chmod(0o644)
+    another user. Returns `folder`.
+
+    On one torch thread: hundreds of small tensors cast one by one, each a parallel region
+    that waits for its slowest thread, took 1.3-2.6 s beside a busy vLLM server on two cores
+    against 0.1 s with the cores free (bench/bench_lora.py)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        needed = tensor_bytes(adapter_state(model, dtype).values()) + 2**20
+        require_space(folder, needed, "the pushed adapter")
+        with atomic_dir(folder) as tmp, disk_full_as_error(folder, "the pushed adapter", needed):
+            save_adapter(model, tmp, dtype)
+            tmp.chmod(0o755)
+            for file in tmp.iterdir():
+                file.chmod(0o644)
+    finally:
+        torch.set_num_threads(threads)
     return folder
 
 

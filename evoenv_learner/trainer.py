@@ -177,11 +177,7 @@ class Trainer:
             self.model = with_lora(self.model, settings, self.device)
         self.chunked_head = _head_is_plain(self.model)
         self.model.train()
-        if (
-            settings.gradient_checkpointing
-            if gradient_checkpointing is None
-            else gradient_checkpointing
-        ):
+        if _checkpointing(gradient_checkpointing, settings):
             self.model.gradient_checkpointing_enable({"use_reentrant": False})
         self.reference = (
             self._load_model(param_dtype).eval() if settings.kl_coef > 0 and not self.lora else None
@@ -743,6 +739,16 @@ def _load_weights(model: torch.nn.Module, folder: Path, device: torch.device) ->
             f"checkpoint {folder} does not match the model: missing {untied[:5]}, "
             f"unexpected {result.unexpected_keys[:5]}"
         )
+
+
+def _checkpointing(given: bool | None, settings: GrpoSettings) -> bool:
+    """Gradient checkpointing: as given, else as set, else on in full fine-tuning and off with
+    LoRA (`GrpoSettings.gradient_checkpointing`)."""
+    if given is not None:
+        return given
+    if settings.gradient_checkpointing is not None:
+        return settings.gradient_checkpointing
+    return settings.lora_rank == 0
 
 
 def _compute_dtype(settings: GrpoSettings, device: torch.device) -> torch.dtype | None:

@@ -249,10 +249,12 @@ class GrpoSettings(BaseModel):
     """Dtype of the trainer's forward and backward passes (autocast; the master weights and
     AdamW stay float32); unset: bfloat16 on a GPU or a CPU with AMX or AVX512-BF16, float32 on
     other CPUs. On an AVX512-BF16 EPYC a step took 0.67x the float32 time (bench_dtype.py)."""
-    gradient_checkpointing: bool = True
+    gradient_checkpointing: bool | None = None
     """Recompute each layer's activations during the backward pass: activation memory of about
-    one layer instead of all of them, for about a third more compute. Off only where memory is
-    plentiful (long generator completions need it on a 24 GB CPU machine)."""
+    one layer instead of all of them, for about a third more compute. Unset: on in full
+    fine-tuning (long generator completions need it on a 24 GB CPU machine), off with LoRA,
+    whose trainer has the memory to spare (bench_lora.py, rank 8, the 0.5B model at
+    `evoenv up`'s CPU sizes: a step of 14.4 s and 5.4 GiB without, 16.6 s and 3.8 GiB with)."""
     temperature: float = 1.0
     """The solver's training temperature (sampling and log-prob computation)."""
     generator_temperature: float = 0.7

@@ -51,15 +51,17 @@ the prepared weights, the same 128 instances each time):
 | 2   | 0.852  | 0.969 | 19 | 4 | 4 -> 0                  | 0.0013  | 1,286 (the learner taking turns)    |
 
 On an AMD EPYC with AVX512-BF16 (bfloat16 serving and autocast), in `.ci/run`: 0.852 -> 1.000,
-b 19, c 0, format errors 3 -> 0, p 1.9e-06, 256 s.
+b 19, c 0, format errors 3 -> 0, p 1.9e-06, 256 s. On an Intel Xeon with AMX, in `.ci/run`:
+0.875 -> 1.000, b 16, c 0, format errors 3 -> 0, p 1.5e-05, 266 s (the greedy answers before
+training differ between CPU kinds: other bfloat16 kernels).
 
 The best constant ('baqu') passes 1 of the 128; every instance is non-modal but that one. Most
 of the rise is not format: 4 answers had no answer span before, 17-19 went from wrong to right.
 Greedy decoding makes the measurement before training the same on every run (0.852): the noise
 is in training.
 
-In LoRA mode (`EVOENV_GRPO__LORA_RANK=16 IT_LEARNS_LEARNING_RATE=... pytest
-tests/e2e/test_it_learns.py`: not gated), the figures are in docs/results.md.
+The same protocol runs in LoRA mode (`EVOENV_GRPO__LORA_RANK=16 IT_LEARNS_LEARNING_RATE=...
+pytest tests/e2e/test_it_learns.py`: not gated, not yet measured).
 
 The line, parsed by whoever reads the output (also in pytest's terminal summary):
 `it-learns: env=NAME difficulty=D n=N before=... after=... best_constant=... answer='A'

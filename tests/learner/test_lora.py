@@ -316,3 +316,12 @@ def test_export_hf_writes_merged_weights_and_training_goes_on(
     assert trainer.step(groups).stepped
     after_base, after_adapter = base_and_adapter(trainer)
     assert same_weights(base, after_base) and not same_weights(adapter, after_adapter)
+
+
+def test_gradient_checkpointing_is_on_in_full_fine_tuning_and_off_with_lora_unless_set(
+    model_dir: Path,
+) -> None:
+    assert Trainer(model_dir, settings()).model.is_gradient_checkpointing
+    assert not Trainer(model_dir, settings(**LORA)).model.is_gradient_checkpointing
+    forced = Trainer(model_dir, settings(**LORA, gradient_checkpointing=True))
+    assert forced.model.is_gradient_checkpointing
