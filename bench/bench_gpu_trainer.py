@@ -29,22 +29,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
+from bench_dtype import make_groups  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 from evoenv_learner.trainer import Trainer  # noqa: E402
 from shared.config import GrpoSettings  # noqa: E402
-from shared.messages import GradedCompletion, GradedGroup  # noqa: E402
 
 QWEN_05B = {
     "architectures": ["Qwen2ForCausalLM"],
@@ -84,35 +84,7 @@ def matmul_weights(model: torch.nn.Module) -> int:
     )
 
 
-def groups_for(trainer: Trainer, args: argparse.Namespace, vocab: int) -> list[GradedGroup]:
-    rng = random.Random(0)
-    out = []
-    for g in range(args.groups):
-        prompt = [rng.randrange(100, vocab - 100) for _ in range(args.prompt_tokens)]
-        completions = []
-        for i in range(args.group_size):
-            tokens = [rng.randrange(100, vocab - 100) for _ in range(args.completion_tokens)]
-            completions.append(
-                GradedCompletion(
-                    text="x",
-                    prompt_token_ids=prompt,
-                    token_ids=tokens,
-                    logprobs=trainer.completion_logprobs(prompt, tokens, "solver"),
-                    finish_reason="length",
-                    reward=float(i % 2),
-                    outcome="scored",
-                )
-            )
-        out.append(
-            GradedGroup(
-                run="bench", group_id=f"g{g}", role="solver", env_name="e", env_sha="0" * 64,
-                seed=g, difficulty=1, prompt="p", policy_version=0, completions=completions,
-            )
-        )  # fmt: skip
-    return out
-
-
-def timed_steps(trainer: Trainer, groups: list[GradedGroup], rounds: int) -> float:
+def timed_steps(trainer: Trainer, groups: list[Any], rounds: int) -> float:
     def sync() -> None:
         if trainer.device.type == "cuda":
             torch.cuda.synchronize()
@@ -159,7 +131,9 @@ def main() -> None:
             trainer = Trainer(folder, settings, device=device)
             config = trainer.model.config
             n = matmul_weights(trainer.model)
-            groups = groups_for(trainer, args, config.vocab_size)
+            groups = make_groups(
+                trainer, args.groups, args.group_size, args.prompt_tokens, args.completion_tokens
+            )
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             seconds = timed_steps(trainer, groups, args.rounds)
