@@ -286,6 +286,16 @@ class _Pusher:
         if held:
             pauses.ended(self.redis)
 
+    def published(self, version: int, start: float, written: float) -> None:
+        """Log a push made from a folder: the seconds to write it and to make it live."""
+        log.info(
+            "weights_published",
+            version=version,
+            servers=len(self.servers),
+            write_seconds=round(written - start, 3),
+            push_seconds=round(time.monotonic() - written, 3),
+        )
+
     def commit(self, version: int) -> None:
         """Label every server with `version`, then publish it in Redis."""
         for server in self.servers:
@@ -328,13 +338,7 @@ class ReloadPublisher(_Pusher):
         folder = write_weights(model, self.push_dir / f"v{new:08d}", self.dtype)
         written = time.monotonic()
         self.push_folder(folder, new)
-        log.info(
-            "weights_published",
-            version=new,
-            servers=len(self.servers),
-            write_seconds=round(written - start, 3),
-            push_seconds=round(time.monotonic() - written, 3),
-        )
+        self.published(new, start, written)
         self._prune()
         return new
 
@@ -446,13 +450,7 @@ class AdapterPublisher(_Pusher):
                 f"adapter push of version {new} failed; the policy version is {self.version}: {exc}"
             ) from exc
         self.version = new
-        log.info(
-            "weights_published",
-            version=new,
-            servers=len(self.servers),
-            write_seconds=round(written - start, 3),
-            push_seconds=round(time.monotonic() - written, 3),
-        )
+        self.published(new, start, written)
         self._retire(new)
         return new
 
