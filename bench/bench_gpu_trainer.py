@@ -22,7 +22,8 @@ two-layer model) to check that it works; figures from it mean nothing.
 
 What the GPU machine needs beside torch, transformers, safetensors and peft: the project's
 pure-Python dependencies the trainer imports (pydantic, pydantic-settings, structlog), carried
-as wheels where nothing can be installed.
+as wheels where nothing can be installed. Figures from one H200: docs/results.md (LoRA beside
+full fine-tuning).
 """
 
 from __future__ import annotations
