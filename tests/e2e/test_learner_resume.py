@@ -37,10 +37,13 @@ def learner_env(cluster: Cluster, run_dir: Path, steps: int) -> dict[str, str]:
         "EVOENV_LEARNER__CHECKPOINT_EVERY": "1",
         "EVOENV_LEARNER__KEEP_CHECKPOINTS": "1",
         "EVOENV_LEARNER__EVAL_EVERY": "1000",
-        "EVOENV_GRPO__GROUP_SIZE": "6",
+        # One group of 4 a step, one micro-batch, no recomputation: a step of the 0.5B model
+        # on two cores in about 2/3 of the time of groups of 6 with gradient checkpointing.
+        "EVOENV_GRPO__GROUP_SIZE": "4",
         "EVOENV_GRPO__BATCH_GROUPS": "1",
         "EVOENV_GRPO__MAX_TOKENS": "32",
-        "EVOENV_GRPO__MICRO_BATCH": "6",
+        "EVOENV_GRPO__MICRO_BATCH": "4",
+        "EVOENV_GRPO__GRADIENT_CHECKPOINTING": "false",
     }
 
 

@@ -13,31 +13,12 @@ from pathlib import Path
 
 import pytest
 from fake_vllm import FakeServer, free_port
+from model_support import ServeProcess, lora_server_settings, model_settings
 from support import register_server
 
-from evoenv_model.models import TEST_MODEL, prepare_model
+from evoenv_model.models import prepare_model
 from evoenv_model.serve import VllmServer, start_server
-from shared.config import ServeSettings, Settings
 from shared.errors import ServiceUnavailable
-
-REPO = Path(__file__).resolve().parents[2]
-CACHE = REPO / ".cache" / "evoenv"
-
-
-def model_settings(**serve: object) -> Settings:
-    """Settings for the small test model, its folder under the repository's cache.
-
-    Served in float32: on a CPU with AMX and AVX512-BF16, vLLM's CPU build served
-    SmolLM2-135M in bfloat16 derails (greedy "What is the capital of France?" gave "L'Etoile,
-    la Marseillaise, la femme, ..."), while float32, and transformers in bfloat16, answer
-    "The capital of France is Paris." The embedded Qwen2.5-Coder-0.5B answers the same in
-    both dtypes there."""
-    serve = {"dtype": "float32", **serve}
-    return Settings(
-        model=TEST_MODEL,
-        data_dir=CACHE,
-        serve=ServeSettings(kv_cache_gib=1, max_model_len=2048, start_timeout=300, **serve),  # type: ignore[arg-type]
-    )
 
 
 @pytest.fixture(scope="session")
@@ -48,11 +29,14 @@ def small_model() -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_server(
-    small_model: Path, tmp_path_factory: pytest.TempPathFactory
+    small_model: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[VllmServer]:
-    """One vLLM server on the small model for the session, stopped at its end or when the
-    end-to-end cluster starts (`support.stop_servers`), whichever comes first."""
-    settings = model_settings(port=free_port())
+    """One vLLM server on the small model for the session, with adapters enabled
+    (`lora_server_settings`), stopped at its end or when the end-to-end cluster starts
+    (`support.stop_servers`), whichever comes first."""
+    if any("serve_process" in item.fixturenames for item in request.session.items):
+        request.getfixturevalue("serve_process").start()  # its start overlaps this one's
+    settings = lora_server_settings(port=free_port())
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
     with log_path.open("wb") as log_file:
         try:
@@ -65,6 +49,20 @@ def vllm_server(
             yield server
         finally:
             server.stop()
+
+
+@pytest.fixture(scope="session")
+def serve_process(
+    small_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServeProcess]:
+    """`evoenv serve` of the small model in bfloat16 (`model_support.ServeProcess`): the
+    log-prob test's bfloat16 server, then the one the SIGKILL test kills."""
+    serve = ServeProcess(tmp_path_factory.mktemp("serve"), free_port())
+    register_server(serve.stop)
+    try:
+        yield serve
+    finally:
+        serve.stop()
 
 
 @pytest.fixture

@@ -10,21 +10,18 @@ Both load the 135M model as the learner does, and the second starts a vLLM serve
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import model_settings
-from fake_vllm import free_port
+from model_support import ServeProcess, model_settings
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from evoenv_learner.grpo import Role
 from evoenv_learner.trainer import Trainer, TrainSequence, _collate
 from evoenv_model.models import TEST_MODEL
-from evoenv_model.serve import VllmServer, start_server
+from evoenv_model.serve import VllmServer
 from shared.config import GrpoSettings
-from shared.errors import ServiceUnavailable
 from shared.inference import InferenceClient, Sampling
 
 pytestmark = pytest.mark.slow
@@ -105,39 +102,30 @@ def test_trainer_logprobs_equal_an_independent_forward_pass(
         torch.testing.assert_close(batched[row][batch.mask[row]], expected, rtol=0, atol=1e-4)
 
 
-# The shared server (`vllm_server`) serves one of these; the other gets a server of its own,
-# started and stopped within its test. That one goes first, so that only one server runs at a
-# time.
-SERVED = sorted(("bfloat16", "float32"), key=lambda dtype: dtype == model_settings().serve.dtype)
+# Float32 is the session server's dtype (`vllm_server`); bfloat16 is `evoenv serve`'s process
+# (`serve_process`), which the SIGKILL test (`test_serve_process.py`, after this module) kills.
 TOLERANCE = {"bfloat16": (0.15, 1.0), "float32": (1e-4, 1e-3)}
 """Largest mean and largest max absolute difference, in nats, between the trainer's
 log-probs and the server's, by the server's dtype."""
 
 
-@pytest.fixture(params=SERVED)
+@pytest.fixture(params=sorted(TOLERANCE))
 def served(
-    request: pytest.FixtureRequest, small_model: Path, tmp_path: Path
-) -> Iterator[tuple[str, VllmServer]]:
-    """(dtype, a server of the small model in that dtype)."""
+    request: pytest.FixtureRequest, vllm_server: VllmServer, serve_process: ServeProcess
+) -> tuple[str, str]:
+    """(dtype, the URL of a server of the small model in that dtype). The session server is
+    asked for first either way: `evoenv serve` starts beside it (`vllm_server`)."""
     dtype: str = request.param
-    if dtype == model_settings().serve.dtype:
-        yield dtype, request.getfixturevalue("vllm_server")
-        return
-    settings = model_settings(dtype=dtype, port=free_port())
-    log_path = tmp_path / "server.log"
-    with log_path.open("wb") as log_file:
-        try:
-            server = start_server(settings, small_model, output=log_file)
-        except ServiceUnavailable as exc:
-            tail = log_path.read_text(errors="replace")[-4000:]
-            pytest.fail(f"{exc}\n--- server log (tail) ---\n{tail}")
-        with server:
-            yield dtype, server
+    assert model_settings().serve.dtype == "float32"
+    if dtype == "float32":
+        return dtype, vllm_server.url
+    serve_process.running()
+    return dtype, serve_process.url
 
 
 @pytest.mark.integration
 def test_trainer_logprobs_match_those_vllm_sampled_with(
-    trainer: Trainer, served: tuple[str, VllmServer]
+    trainer: Trainer, served: tuple[str, str]
 ) -> None:
     """Real completions sampled at the generator's temperature (0.7) through the project's
     client: the trainer's float32 log-probs of their tokens against the ones the server
@@ -150,8 +138,8 @@ def test_trainer_logprobs_match_those_vllm_sampled_with(
     digits. Tolerances (mean, max): float32 1e-4 and 1e-3, bfloat16 0.15 and 1.0, at least 2.5
     times what was measured; log-probs one token off differ by nats. A CPU without
     AVX512-BF16 runs other bfloat16 kernels and may need figures of its own."""
-    dtype, server = served
-    with InferenceClient([server.url], TEST_MODEL) as client:
+    dtype, url = served
+    with InferenceClient([url], TEST_MODEL) as client:
         completions = client.chat(
             [{"role": "user", "content": CHATS[0][0]}],
             Sampling(max_tokens=48, temperature=trainer.temperatures["generator"], n=2, seed=0),

@@ -1,19 +1,21 @@
-"""LoRA mode against a real vLLM server (`--enable-lora`): adapters pushed by the learner's
-`AdapterPublisher` under versioned names, asked for by the workers' client.
+"""LoRA mode against a real vLLM server (`--enable-lora`: the session's small-model server,
+`model_support.lora_server_settings`): adapters pushed by the learner's `AdapterPublisher` under
+versioned names, asked for by the workers' client.
 
 The small model's adapter is fine-tuned in the test (a few AdamW steps on one distinctive
 sentence, as `test_weight_push.py` does with full weights): pushed, the server's greedy answer
 becomes that sentence, and asking for the previous version's adapter gives the original answer
 back. A push does not pause anything: completions in flight finish on the adapter they asked
 for. Adapters older than `max_staleness` versions are unloaded, and a request that asks for one
-is retried on the newest.
+is retried on the newest. A learner resumed from a LoRA checkpoint pushes its adapter as the
+next version.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,16 +23,15 @@ import httpx
 import pytest
 import redis
 import torch
-from conftest import model_settings
-from fake_vllm import free_port
+from model_support import LORA, MAX_STALENESS, lora_server_settings
 
+from evoenv_learner import loop
 from evoenv_learner.publisher import AdapterPublisher
 from evoenv_learner.trainer import Trainer
 from evoenv_model.models import TEST_MODEL
-from evoenv_model.serve import VllmServer, start_server
-from shared import policy
-from shared.config import GrpoSettings, LearnerSettings
-from shared.errors import ServiceUnavailable
+from evoenv_model.serve import VllmServer
+from shared import keys, policy
+from shared.config import LearnerSettings
 from shared.inference import InferenceClient, Sampling
 
 pytestmark = pytest.mark.slow
@@ -38,26 +39,6 @@ pytestmark = pytest.mark.slow
 PROMPT = [{"role": "user", "content": "Tell me something about the sea."}]
 TARGET = "The purple lighthouse keeper counts 4711 silver whales every Tuesday."
 GREEDY = Sampling(max_tokens=40, temperature=0.0)
-LORA = GrpoSettings.model_validate({"lora_rank": 8, "lora_alpha": 16, "compute_dtype": "float32"})
-MAX_STALENESS = 1
-
-
-@pytest.fixture(scope="module")
-def lora_server(
-    small_model: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[VllmServer]:
-    """The small model served with adapters enabled (rank 8, `MAX_STALENESS + 1` slots)."""
-    settings = model_settings(port=free_port()).model_copy(
-        update={"grpo": LORA, "learner": LearnerSettings(max_staleness=MAX_STALENESS)}
-    )
-    log_path = tmp_path_factory.mktemp("vllm-lora") / "server.log"
-    with log_path.open("wb") as log_file:
-        try:
-            server = start_server(settings, small_model, output=log_file)
-        except ServiceUnavailable as exc:
-            pytest.fail(f"{exc}\n--- server log (tail) ---\n{log_path.read_text()[-4000:]}")
-        with server:
-            yield server
 
 
 def loaded_adapters(server: VllmServer) -> set[str]:
@@ -66,7 +47,7 @@ def loaded_adapters(server: VllmServer) -> set[str]:
 
 
 def unload_all(server: VllmServer) -> None:
-    """Leave the module's server as it started: its adapters' folders go with the test."""
+    """Leave the session's server as it started: its adapters' folders go with the test."""
     for name in loaded_adapters(server):
         httpx.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": name})
 
@@ -92,17 +73,17 @@ def tune(trainer: Trainer, prompt_ids: list[int], target_ids: list[int]) -> None
 
 
 def test_an_adapter_push_changes_the_greedy_answer_and_the_previous_adapter_gives_it_back(
-    lora_server: VllmServer, small_model: Path, redis_url: str, tmp_path: Path
+    vllm_server: VllmServer, small_model: Path, redis_url: str, tmp_path: Path
 ) -> None:
     store = redis.Redis.from_url(redis_url)
     newest = InferenceClient(
-        [lora_server.url],
+        [vllm_server.url],
         TEST_MODEL,
         version_source=lambda: policy.read_version(store),
         adapters=True,
     )
     publisher = AdapterPublisher(
-        [lora_server.url], store, tmp_path / "push", dtype=torch.float32, max_staleness=1
+        [vllm_server.url], store, tmp_path / "push", dtype=torch.float32, max_staleness=1
     )
     trainer = Trainer(small_model, LORA, device="cpu")
     assert trainer.tokenizer is not None
@@ -126,7 +107,7 @@ def test_an_adapter_push_changes_the_greedy_answer_and_the_previous_adapter_give
 
         # The previous version's adapter is still loaded and gives the original answer back.
         with InferenceClient(
-            [lora_server.url], TEST_MODEL, version_source=lambda: first, adapters=True
+            [vllm_server.url], TEST_MODEL, version_source=lambda: first, adapters=True
         ) as previous:
             (back,) = previous.chat(PROMPT, GREEDY)
         assert back.text == base.text
@@ -136,44 +117,44 @@ def test_an_adapter_push_changes_the_greedy_answer_and_the_previous_adapter_give
         # for it is retried on the newest. Its folder stays two versions longer (a server
         # reads an adapter's files again when it brings it back into memory).
         third = publisher.publish(trainer.model)
-        assert loaded_adapters(lora_server) == {policy.adapter_name(v) for v in (second, third)}
+        assert loaded_adapters(vllm_server) == {policy.adapter_name(v) for v in (second, third)}
         assert push_folders(tmp_path) == [first, second, third]
         fifth = [publisher.publish(trainer.model) for _ in range(2)][-1]
-        assert loaded_adapters(lora_server) == {policy.adapter_name(v) for v in (fifth - 1, fifth)}
+        assert loaded_adapters(vllm_server) == {policy.adapter_name(v) for v in (fifth - 1, fifth)}
         assert push_folders(tmp_path) == [second, third, fifth - 1, fifth]
         asked = itertools.chain([first], itertools.repeat(fifth))
         with InferenceClient(
-            [lora_server.url], TEST_MODEL, version_source=lambda: next(asked), adapters=True
+            [vllm_server.url], TEST_MODEL, version_source=lambda: next(asked), adapters=True
         ) as stale:
             (retried,) = stale.chat(PROMPT, GREEDY)
         assert retried.policy_version == fifth
         assert retried.text.strip() == TARGET
     finally:
-        unload_all(lora_server)
+        unload_all(vllm_server)
         publisher.close()
         newest.close()
         store.close()
 
 
 def test_an_adapter_push_does_not_wait_for_the_requests_in_flight(
-    lora_server: VllmServer, small_model: Path, redis_url: str, tmp_path: Path
+    vllm_server: VllmServer, small_model: Path, redis_url: str, tmp_path: Path
 ) -> None:
     """Two completions asking for version N; the push of N + 1 returns while they run (no
     pause: measured 0.03 s to load an adapter of the small model), and each finishes on N's
     adapter; a request after the push gets N + 1."""
     store = redis.Redis.from_url(redis_url)
     client = InferenceClient(
-        [lora_server.url],
+        [vllm_server.url],
         TEST_MODEL,
         version_source=lambda: policy.read_version(store),
         adapters=True,
     )
     publisher = AdapterPublisher(
-        [lora_server.url], store, tmp_path / "push", dtype=torch.float32, max_staleness=1
+        [vllm_server.url], store, tmp_path / "push", dtype=torch.float32, max_staleness=1
     )
     trainer = Trainer(small_model, LORA, device="cpu")
     count = [{"role": "user", "content": "Count from 1 to 1000, one number a line."}]
-    long = Sampling(max_tokens=128, temperature=0.0)
+    long = Sampling(max_tokens=64, temperature=0.0)
     ends: list[float] = []
     try:
         first = publisher.publish(trainer.model)
@@ -197,7 +178,66 @@ def test_an_adapter_push_does_not_wait_for_the_requests_in_flight(
         assert {(c.policy_version, c.version_source) for c in completions} == {(first, "adapter")}
         assert (after.policy_version, after.version_source) == (second, "adapter")
     finally:
-        unload_all(lora_server)
+        unload_all(vllm_server)
         publisher.close()
         client.close()
+        store.close()
+
+
+def test_a_learner_resumed_from_a_lora_checkpoint_pushes_it_as_the_next_version(
+    vllm_server: VllmServer, small_model: Path, redis_url: str, tmp_path: Path
+) -> None:
+    """The learner's resume (`loop.build(resume=True)`, as `evoenv learner --resume` builds it)
+    in LoRA mode: the checkpoint holds an adapter tuned to answer TARGET, saved at version 3
+    after step 1; Redis says 5 (pushes after that checkpoint). The resumed learner loads the
+    adapter and pushes it as version 6 (never a number used before), which every request for
+    the newest policy gets: TARGET."""
+    run_dir = tmp_path / "run"
+    trainer = Trainer(small_model, LORA, device="cpu")
+    assert trainer.tokenizer is not None
+    prompt_ids = trainer.tokenizer.apply_chat_template(
+        PROMPT, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    target_ids = trainer.tokenizer(TARGET + "<|im_end|>", add_special_tokens=False)
+    tune(trainer, list(prompt_ids), target_ids["input_ids"])
+    trainer.step_count = 1  # as if after one step: the checkpoint is step-00000001
+    trainer.save_checkpoint(run_dir / "checkpoints", {"version": 3})
+    store = redis.Redis.from_url(redis_url)
+    store.set(keys.POLICY_VERSION, 5)
+    settings = lora_server_settings().model_copy(
+        update={
+            "redis_url": redis_url,
+            "vllm_urls": [vllm_server.url],
+            "database_url": f"sqlite:///{tmp_path / 'archive.db'}",
+            "learner": LearnerSettings(max_staleness=MAX_STALENESS, run_dir=run_dir, steps=1),
+        }
+    )
+    newest = InferenceClient(
+        [vllm_server.url],
+        TEST_MODEL,
+        version_source=lambda: policy.read_version(store),
+        adapters=True,
+    )
+
+    async def resume() -> int:
+        learner = await loop.build(
+            settings, resume=True, on_step=None, republish=None, parallel=None, expire_groups=None
+        )
+        try:
+            assert isinstance(learner.publisher, AdapterPublisher)
+            assert learner.state.step == 1
+            return learner.state.version
+        finally:
+            await learner.close()
+
+    try:
+        version = asyncio.run(resume())
+        assert version == 6 and policy.read_version(store) == 6
+        assert policy.adapter_name(6) in loaded_adapters(vllm_server)
+        (answer,) = newest.chat(PROMPT, GREEDY)
+        assert answer.text.strip() == TARGET, answer.text
+        assert (answer.policy_version, answer.version_source) == (6, "adapter")
+    finally:
+        unload_all(vllm_server)
+        newest.close()
         store.close()

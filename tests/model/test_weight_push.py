@@ -118,10 +118,13 @@ def test_a_keep_mode_push_does_not_wait_for_the_requests_in_flight(
 ) -> None:
     """`serve.push_pause=keep`: long completions in flight during a push are frozen, go on under
     the new weights and finish; each counts as the version it started under (its oldest span),
-    and a request sent after the push as the new one. The push returns while they still run
-    (measured: the push from 2.0 s to 3.8 s, four 384-token completions ending at 32 s; in
-    one CI run all four had ended when the push returned, so these run to 768 tokens, and a
-    failure prints the timings)."""
+    and a request sent after the push as the new one. The push returns while they still run.
+
+    The pushed folder is the one the first push wrote, so the second push is the server's
+    part alone (pause, reload, resume: about 1 s), not the write of the weights, which the
+    claim is not about and which once took as long as four 384-token completions in a CI run.
+    Four 256-token completions then outlast it many times over (a failure prints the
+    timings)."""
     store = redis.Redis.from_url(redis_url)
     client = InferenceClient(
         [vllm_server.url],
@@ -133,7 +136,7 @@ def test_a_keep_mode_push_does_not_wait_for_the_requests_in_flight(
     )
     base = AutoModelForCausalLM.from_pretrained(small_model, dtype=torch.bfloat16)
     count = [{"role": "user", "content": "Count from 1 to 1000, one number a line."}]
-    long = Sampling(max_tokens=768, temperature=0.0)
+    long = Sampling(max_tokens=256, temperature=0.0)
     ends: list[float] = []
     try:
         first = publisher.publish(base)
@@ -144,7 +147,8 @@ def test_a_keep_mode_push_does_not_wait_for_the_requests_in_flight(
                 f.add_done_callback(lambda _f: ends.append(time.monotonic() - began))
             time.sleep(2.0)  # the requests are decoding
             pushed = time.monotonic() - began
-            second = publisher.publish(base)
+            second = first + 1
+            publisher.push_folder(publisher.current, second)
             returned = time.monotonic() - began
             running_after_push = sum(not f.done() for f in futures)
             completions = [f.result()[0] for f in futures]
