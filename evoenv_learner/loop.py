@@ -504,15 +504,24 @@ class Learner:
             self._carry = []
             async with taking_turns(self.publisher, self.take_turns):
                 step_metrics = await asyncio.to_thread(self.trainer.step, batch)
-            if self.trainer.step_count == state.step:
+                taken = self.trainer.step_count != state.step
+                due = taken and (
+                    self.trainer.step_count % self.settings.learner.push_every == 0
+                    or self._push_owed
+                )
+                # A push that pauses nothing (an adapter) goes while the servers are held: see
+                # `AdapterPublisher`. One that pauses them goes after the release.
+                early = due and not self.publisher.pauses_servers
+                early_seconds = await self.push() if early else None
+            if not taken:
                 log.warning("step_not_taken", groups=len(batch))
                 self.orchestrator.batch_trained()
                 return None
             state.step = self.trainer.step_count
             values = step_metrics.as_dict()
             values["groups_trained"] = [g.group_id for g in batch]
-            if state.step % self.settings.learner.push_every == 0 or self._push_owed:
-                seconds = await self.push()
+            if due:
+                seconds = early_seconds if early else await self.push()
                 self._push_owed = seconds is None
                 if seconds is not None:
                     values["push_seconds"] = seconds

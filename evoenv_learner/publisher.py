@@ -40,6 +40,10 @@ class WeightPublisher(Protocol):
     Synchronous (torch and HTTP); the asyncio learner calls it through `asyncio.to_thread`.
     """
 
+    pauses_servers: bool
+    """Whether `publish` pauses the servers (full weights) or not (an adapter, loaded beside
+    the others): a push that pauses nothing is made while a step still holds them."""
+
     def publish(self, model: torch.nn.Module, version: int | None = None) -> int:
         """Push `model`'s weights as `version` (default: the version in Redis plus one)."""
         ...
@@ -202,6 +206,8 @@ def write_weights(model: torch.nn.Module, folder: Path, dtype: torch.dtype) -> P
 
 class _Pusher:
     """What both mechanisms share: the servers, Redis, and the pause/label/bump/resume frame."""
+
+    pauses_servers = True
 
     def __init__(
         self,
@@ -404,7 +410,14 @@ class AdapterPublisher(_Pusher):
     A load that fails on a server unloads the new adapter from the servers that took it and
     raises `PushFailed`, the version unchanged. A restarted server has no adapter: the
     learner's republish (a new version) loads the current one into every server.
+
+    The learner pushes an adapter before it releases the servers a step held
+    (`learner.take_turns`): a CPU server loads an adapter between two of its engine steps, and
+    those right after a release are long (a push just after it took 2 to 21 s with 8 adapter
+    completions in flight, 29 to 33 s under `evoenv up`; made while held, 0.15 s).
     """
+
+    pauses_servers = False
 
     def __init__(
         self,
