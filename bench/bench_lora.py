@@ -2,7 +2,7 @@
 with an adapter, the checkpoint. `bench_push.py` runs it after the full-weight pushes and
 prints its figures on its last line; alone:
 
-    python bench/bench_lora.py [--model M] [--rank 16] [--pushes 10] [--in-flight 4]
+    python bench/bench_lora.py [--model M] [--rank 8] [--pushes 10] [--in-flight 4]
 
 - step: one optimiser step on the same graded groups at the sizes `evoenv up` uses on a CPU
   (one group of 4, micro-batches of 1, 200 prompt and 384 completion tokens), full and LoRA,
@@ -265,7 +265,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", nargs="?", default="all", choices=["all", "step"])
     parser.add_argument("--model", default=Settings().model)
-    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--pushes", type=int, default=10)
     parser.add_argument("--in-flight", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2)

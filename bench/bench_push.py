@@ -99,7 +99,7 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--gap", type=float, default=4.0, help="seconds between pushes")
-    parser.add_argument("--lora-rank", type=int, default=16)
+    parser.add_argument("--lora-rank", type=int, default=8)
     parser.add_argument("--no-lora", action="store_true", help="full-weight pushes only")
     args = parser.parse_args()
 
