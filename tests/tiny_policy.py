@@ -108,3 +108,32 @@ def weights(trainer: Trainer) -> dict[str, torch.Tensor]:
 
 def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def scored_pair(run: str, group_id: str, version: int) -> GradedGroup:
+    """A solver group of two token-level completions scored 0 and 1 (a step trains on it),
+    sampled at `version`, for an environment not in the pool."""
+    completions = [
+        GradedCompletion(
+            text="x",
+            prompt_token_ids=[1, 2],
+            token_ids=[3, 4],
+            logprobs=[-0.5, -0.5],
+            policy_version=version,
+            reward=reward,
+            outcome="scored",
+        )
+        for reward in (0.0, 1.0)
+    ]
+    return GradedGroup(
+        run=run,
+        group_id=group_id,
+        role="solver",
+        env_name="e",
+        env_sha="not-in-the-pool",
+        seed=0,
+        difficulty=1,
+        prompt="p",
+        policy_version=version,
+        completions=completions,
+    )

@@ -16,13 +16,13 @@ import pytest
 import redis
 from model.fake_vllm import FakeServer
 from structlog.testing import capture_logs
+from tiny_policy import scored_pair
 
 import evoenv_model.models
 from evoenv_cli.expiry import group_expiry
 from evoenv_learner import loop
 from evoenv_learner.loop import LearnerState
 from shared.config import Settings
-from shared.messages import GradedCompletion, GradedGroup
 from shared.rollouts import append_group
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -34,33 +34,6 @@ PUSH_PATHS = [
     "/reset_prefix_cache",
     "/update_weight_version",
 ]
-
-
-def graded(group_id: str, version: int) -> GradedGroup:
-    completions = [
-        GradedCompletion(
-            text="x",
-            prompt_token_ids=[1, 2],
-            token_ids=[3, 4],
-            logprobs=[-0.5, -0.5],
-            policy_version=version,
-            reward=reward,
-            outcome="scored",
-        )
-        for reward in (0.0, 1.0)
-    ]
-    return GradedGroup(
-        run=RUN,
-        group_id=group_id,
-        role="solver",
-        env_name="e",
-        env_sha="not-in-the-pool",
-        seed=0,
-        difficulty=1,
-        prompt="p",
-        policy_version=version,
-        completions=completions,
-    )
 
 
 async def until(what: Callable[[], bool], seconds: float = 60.0) -> None:
@@ -106,11 +79,11 @@ def test_a_group_that_aged_while_queued_is_dropped_at_the_step_and_generation_go
         )
         await until(lambda: bool(started), 180.0)  # the tiny model loaded: slow on a busy host
         state = started[0]
-        append_group(client, graded("old", state.version))
+        append_group(client, scored_pair(RUN, "old", state.version))
         await until(lambda: queued() == 1)  # read fresh, queued: its batch needs one more
         republish.set()  # a new version goes live while it waits
         await until(lambda: state.version == 1)
-        append_group(client, graded("new", 1))
+        append_group(client, scored_pair(RUN, "new", 1))
         await until(lambda: state.stale_at_step == 1)
         await until(lambda: state.funnel.get("expired", 0) >= 2 * 8)  # G = 8 candidates each
         signal.raise_signal(signal.SIGTERM)

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import redis
 from model.fake_vllm import FakeServer
+from tiny_policy import scored_pair
 
 import evoenv_model.models
 from evoenv_learner import loop
 from evoenv_learner.loop import taking_turns
 from shared.config import Settings
-from shared.messages import GradedCompletion, GradedGroup
 from shared.rollouts import append_group
 
 
@@ -72,34 +72,6 @@ SERVER_PATHS = [
 ]
 
 
-def group_of_two(run: str) -> GradedGroup:
-    """A solver group whose two completions scored 0 and 1: a step trains on it."""
-    completions = [
-        GradedCompletion(
-            text="x",
-            prompt_token_ids=[1, 2],
-            token_ids=[3, 4],
-            logprobs=[-0.5, -0.5],
-            policy_version=0,
-            reward=reward,
-            outcome="scored",
-        )
-        for reward in (0.0, 1.0)
-    ]
-    return GradedGroup(
-        run=run,
-        group_id="g",
-        role="solver",
-        env_name="e",
-        env_sha="not-in-the-pool",
-        seed=0,
-        difficulty=1,
-        prompt="p",
-        policy_version=0,
-        completions=completions,
-    )
-
-
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
@@ -144,7 +116,7 @@ def test_the_step_pushes_an_adapter_before_the_release_and_full_weights_after_it
     client = redis.Redis.from_url(redis_url)
     try:
         state = asyncio.run(
-            loop.run(settings, on_start=lambda _: append_group(client, group_of_two(run)))
+            loop.run(settings, on_start=lambda _: append_group(client, scored_pair(run, "g", 0)))
         )
     finally:
         client.close()
