@@ -140,8 +140,13 @@ def test_an_adapter_push_does_not_wait_for_the_requests_in_flight(
     vllm_server: VllmServer, small_model: Path, redis_url: str, tmp_path: Path
 ) -> None:
     """Two completions asking for version N; the push of N + 1 returns while they run (no
-    pause: measured 0.03 s to load an adapter of the small model), and each finishes on N's
-    adapter; a request after the push gets N + 1."""
+    pause), and each finishes on N's adapter; a request after the push gets N + 1.
+
+    How long the push takes is the bench's measure (`bench/bench_push.py`), not this test's: a
+    CPU server loads an adapter between two engine steps, 0.03 s on an idle server and 0.8 to
+    1.2 s here with these two decoding (2.7 s once in CI, 16 s on a loaded machine). The
+    completions (128 tokens, about 10 s on two cores) outlast such a push; a push that waited
+    for them would return after both ended."""
     store = redis.Redis.from_url(redis_url)
     client = InferenceClient(
         [vllm_server.url],
@@ -154,7 +159,7 @@ def test_an_adapter_push_does_not_wait_for_the_requests_in_flight(
     )
     trainer = Trainer(small_model, LORA, device="cpu")
     count = [{"role": "user", "content": "Count from 1 to 1000, one number a line."}]
-    long = Sampling(max_tokens=64, temperature=0.0)
+    long = Sampling(max_tokens=128, temperature=0.0)
     ends: list[float] = []
     try:
         first = publisher.publish(trainer.model)
@@ -173,7 +178,6 @@ def test_an_adapter_push_does_not_wait_for_the_requests_in_flight(
         ended = sorted(round(end, 1) for end in ends)
         timing = f"push from {pushed:.1f} s to {returned:.1f} s; completions ended at {ended} s"
         assert running_after_push == 2, "the push waited for the completions in flight: " + timing
-        assert returned - pushed < 2.0, timing
         assert all(c.finish_reason == "length" for c in completions), completions
         assert {(c.policy_version, c.version_source) for c in completions} == {(first, "adapter")}
         assert (after.policy_version, after.version_source) == (second, "adapter")
