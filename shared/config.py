@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -152,6 +152,23 @@ class FlowerSettings(BaseModel):
     port: int = 5555
     basic_auth: str = ""
     """`user:password` required by Flower's pages and API (empty: none)."""
+
+
+class PoolWebSettings(BaseModel):
+    """`evoenv pool serve`, the read-only web page over the archive (EVOENV_POOL_WEB__...)."""
+
+    host: str = "127.0.0.1"
+    """Interface to listen on; any but loopback needs `user` and a password."""
+    port: int = Field(8100, ge=0, le=65535)
+    """TCP port (0: any free one; the command prints the address)."""
+    user: str = ""
+    """Basic-auth user name required by every page (empty: no auth, loopback only)."""
+    password: SecretStr = SecretStr("")
+    """Basic-auth password (`--password-file` wins over it)."""
+    sample_chars: int = Field(4000, ge=100)
+    """Longest prompt, reference or answer text of a sample instance shown, in characters."""
+    sample_cache: int = Field(256, ge=1)
+    """Sample instances kept (least recently used goes first), keyed by sha, seed, difficulty."""
 
 
 class AdmissionSettings(BaseModel):
@@ -375,6 +392,7 @@ class Settings(BaseSettings):
     validation: ValidationSettings = ValidationSettings()
     worker: WorkerSettings = WorkerSettings()
     flower: FlowerSettings = FlowerSettings()
+    pool_web: PoolWebSettings = PoolWebSettings()
     admission: AdmissionSettings = AdmissionSettings()
     pool: PoolSettings = PoolSettings()
     grpo: GrpoSettings = GrpoSettings()

@@ -1,0 +1,326 @@
+"""`evoenv pool serve`: a read-only web page over the archive (the pool, each environment, the
+run's admission funnel), rendered on the server by FastAPI and Jinja2. `create_app` builds the
+app; `serve` checks the address and credentials, binds, and runs it under uvicorn."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+import secrets
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import structlog
+from fastapi import FastAPI, Query, Request, Response
+from fastapi.exceptions import HTTPException, RequestValidationError, StarletteHTTPException
+from fastapi.responses import HTMLResponse, PlainTextResponse
+from markupsafe import Markup
+from pydantic import SecretStr
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import PythonLexer
+
+from evoenv_cli import pool_web_data as data
+from evoenv_cli.pool_web_sample import Sampler, truncate
+from shared.config import Settings, mask_url
+from shared.db import ENV_STATUSES, Archive
+from shared.errors import SandboxFailure, SandboxUnavailable, UsageError
+
+log = structlog.get_logger(__name__)
+
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'self'; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+"""Sent with every response: no script runs, nothing loads from elsewhere, no page embeds it."""
+REALM = 'Basic realm="evoenv pool", charset="UTF-8"'
+TEMPLATES = "templates/pool"
+MAX_SEED = 2**62
+
+
+class PoolSite:
+    """The pages, over one archive and one `Sampler`. Templates autoescape everything they
+    are given; the one piece of markup passed in whole is Pygments' highlighted source, which
+    escapes the code it wraps."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.archive = Archive(settings.archive_url)
+        self.sampler = Sampler(settings)
+        self.templates = jinja2.Environment(
+            loader=jinja2.PackageLoader("evoenv_cli", TEMPLATES),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+        )
+        limit = settings.pool_web.sample_chars
+        self.templates.filters["clip"] = lambda text: truncate(str(text), limit)
+        self.formatter = HtmlFormatter(linenos="table", cssclass="highlight")
+        css = files("evoenv_cli").joinpath(TEMPLATES, "pool.css").read_text("utf-8")
+        self.stylesheet = css + "\n" + self.formatter.get_style_defs(".highlight")
+
+    def page(self, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+        html = self.templates.get_template(name).render(statuses=ENV_STATUSES, **context)
+        return HTMLResponse(html, status_code=status_code)
+
+    def error(self, status_code: int, message: str) -> HTMLResponse:
+        title = {400: "bad request", 404: "not found"}.get(status_code, f"error {status_code}")
+        return self.page("error.html", status_code, title=title, message=message)
+
+    def pool(self, status: str | None) -> HTMLResponse:
+        if status is not None and status not in ENV_STATUSES:
+            raise HTTPException(404, f"no status {status!r} (one of {', '.join(ENV_STATUSES)})")
+        rows = data.pool_rows(self.archive, status)
+        counts = data.status_counts(self.archive)
+        return self.page("pool.html", rows=rows, counts=counts, status=status)
+
+    def environment(self, key: str, seed: int, difficulty: int | None) -> HTMLResponse:
+        row = data.find_environment(self.archive, key)
+        if row is None:
+            raise HTTPException(404, f"no environment {key!r} in the archive")
+        preferred = row.stats.serving_difficulty or row.stats.calibration_difficulty
+        described = sample = None
+        sandbox_error = ""
+        try:
+            described = self.sampler.describe(row.sha, row.source)
+            level = described.clamp(difficulty, preferred)
+            if not described.error and level is not None:
+                sample = self.sampler.sample(row.sha, row.source, seed, level)
+        except (SandboxUnavailable, SandboxFailure) as exc:
+            sandbox_error = f"the sandbox could not run: {exc}"
+        return self.page(
+            "env.html",
+            row=row,
+            summary=data.pool_row(row),
+            source=Markup(highlight(row.source, PythonLexer(), self.formatter)),
+            described=described,
+            sample=sample,
+            sandbox_error=sandbox_error,
+            isolated=self.sampler.isolated,
+            reports=data.reports_of(self.archive, row.sha),
+            lineage=data.lineage(self.archive, row),
+            history=data.history(row),
+            spark=(data.SPARK_WIDTH, data.SPARK_HEIGHT),
+        )
+
+    def funnel(self, stage: str | None) -> HTMLResponse:
+        funnel = data.funnel(self.archive)
+        if stage is None:
+            shown = [c for c in funnel.candidates if c.stage != "admitted"]
+        else:
+            shown = [c for c in funnel.candidates if c.stage == stage]
+        return self.page("funnel.html", funnel=funnel, shown=shown, stage=stage)
+
+    def report(self, job_id: str) -> HTMLResponse:
+        stored = data.report_by_job(self.archive, job_id)
+        if stored is None:
+            raise HTTPException(404, f"no validation report {job_id!r} in the archive")
+        row = self.archive.environment(stored.env_sha)
+        return self.page("report.html", stored=stored, row=row)
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """The web app over `settings.archive_url` (GET only). With `pool_web.user` set, every
+    request needs those basic-auth credentials; every response gets `SECURITY_HEADERS`."""
+    site = PoolSite(settings)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            site.sampler.close()
+
+    app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.sampler = site.sampler
+    web = settings.pool_web
+    _guard(app, _credentials(web.user, web.password) if web.user else None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> HTMLResponse:
+        return site.error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_query(_: Request, exc: RequestValidationError) -> HTMLResponse:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"][1:])
+        return site.error(400, f"{where}: {first['msg']}")
+
+    @app.get("/static/pool.css")
+    def css() -> Response:
+        return Response(site.stylesheet, media_type="text/css")
+
+    @app.get("/", response_class=HTMLResponse)
+    def pool_page(status: str | None = None) -> HTMLResponse:
+        return site.pool(status)
+
+    @app.get("/env/{key}", response_class=HTMLResponse)
+    def environment_page(
+        key: str,
+        seed: int = Query(0, ge=0, le=MAX_SEED),
+        difficulty: int | None = Query(None, ge=-MAX_SEED, le=MAX_SEED),
+    ) -> HTMLResponse:
+        return site.environment(key, seed, difficulty)
+
+    @app.get("/funnel", response_class=HTMLResponse)
+    def funnel_page(stage: str | None = None) -> HTMLResponse:
+        return site.funnel(stage)
+
+    @app.get("/report/{job_id}", response_class=HTMLResponse)
+    def report_page(job_id: str) -> HTMLResponse:
+        return site.report(job_id)
+
+    return app
+
+
+def _guard(app: FastAPI, credentials: tuple[bytes, bytes] | None) -> None:
+    """Answer 401 to a request without `credentials` (when set); add the security headers to
+    every response, that one included."""
+
+    @app.middleware("http")
+    async def guard(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        if credentials is not None and not _authorised(request, credentials):
+            response: Response = PlainTextResponse(
+                "authentication required\n", 401, headers={"WWW-Authenticate": REALM}
+            )
+        else:
+            response = await call_next(request)
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+
+def _credentials(user: str, password: SecretStr) -> tuple[bytes, bytes]:
+    return user.encode("utf-8"), password.get_secret_value().encode("utf-8")
+
+
+def _authorised(request: Request, expected: tuple[bytes, bytes]) -> bool:
+    """Whether the request carries the expected basic-auth user and password: both compared in
+    constant time, whatever the first comparison gave."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "basic":
+        return False
+    try:
+        decoded = base64.b64decode(token.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    user, sep, password = decoded.partition(b":")
+    same_user = secrets.compare_digest(user, expected[0])
+    same_password = secrets.compare_digest(password, expected[1])
+    return bool(sep) and same_user and same_password
+
+
+# ------------------------------------------------------------------------------- the command
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve_command(
+    settings: Settings,
+    host: str | None,
+    port: int | None,
+    user: str | None,
+    password_file: Path | None,
+) -> None:
+    """`evoenv pool serve`: the options over the settings, checked; then `serve`."""
+    web = settings.pool_web
+    update: dict[str, Any] = {
+        "host": web.host if host is None else host,
+        "port": web.port if port is None else port,
+        "user": web.user if user is None else user,
+    }
+    if password_file is not None:
+        update["password"] = SecretStr(_read_password(password_file))
+    web = web.model_copy(update=update)
+    has_password = bool(web.password.get_secret_value())
+    if web.user and not has_password:
+        raise UsageError(
+            f"user {web.user!r} has no password: give --password-file FILE "
+            "or set EVOENV_POOL_WEB__PASSWORD"
+        )
+    if has_password and not web.user:
+        raise UsageError("a password without a user: give --user or set EVOENV_POOL_WEB__USER")
+    if not web.user and not is_loopback(web.host):
+        raise UsageError(
+            f"refusing to serve the archive on {web.host} without basic auth: give --user and "
+            "--password-file (or EVOENV_POOL_WEB__USER and __PASSWORD), or keep to 127.0.0.1"
+        )
+    serve(settings.model_copy(update={"pool_web": web}))
+
+
+def _read_password(path: Path) -> str:
+    try:
+        password = path.read_text("utf-8").rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise UsageError(f"cannot read the password file {path}: {why}") from exc
+    if not password:
+        raise UsageError(f"the password file {path} is empty")
+    return password
+
+
+def serve(settings: Settings) -> None:
+    """Bind `pool_web.host:port`, add the seeds to the archive where they are missing (as
+    `pool list` does), print the address, serve until interrupted."""
+    import uvicorn
+
+    from evoenv_cli.envs import err, out
+    from evoenv_cli.pool import archive_line
+    from evoenv_learner.pool import seed_pool
+
+    web = settings.pool_web
+    sock = listen(web.host, web.port)
+    seed_pool(Archive(settings.archive_url), settings.seeds_dir)  # as `pool list` shows them
+    app = create_app(settings)
+    port = sock.getsockname()[1]
+    shown = f"[{web.host}]" if ":" in web.host else web.host
+    log.info(
+        "pool_web_started",
+        host=web.host,
+        port=port,
+        auth=bool(web.user),
+        archive=mask_url(settings.archive_url),
+    )
+    err.print(archive_line(settings), markup=False)
+    out.print(f"pool on http://{shown}:{port}/", markup=False)
+    out.file.flush()
+    config = uvicorn.Config(
+        app, log_config=None, access_log=False, server_header=False, lifespan="on"
+    )
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to `host:port`; a port in use or an address not here is a `UsageError`."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        raise UsageError(f"cannot listen on {host}: {exc.strerror}") from exc
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    return sock

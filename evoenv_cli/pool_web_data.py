@@ -1,0 +1,276 @@
+"""What the pages of `evoenv pool serve` show, read from the archive: the pool's rows, an
+environment's reports, lineage and pass-rate history, and the run's admission funnel."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+from sqlmodel import select
+
+from evoenv_cli.pool import _summary
+from shared.db import ENV_STATUSES, Archive, EnvironmentRow, ValidationRow
+from shared.messages import MECHANICAL_STAGES, MODEL_STAGES, StageReport, ValidationReport
+
+FUNNEL_ORDER: tuple[str, ...] = (
+    *MECHANICAL_STAGES,
+    *MODEL_STAGES,
+    "name clash",
+    "error",
+    "expired",
+    "admitted",
+)
+"""Where a candidate stops, in the order the funnel shows them: the admission stages (as
+`run_report.FUNNEL_STAGES`), then the outcomes besides (`shared.env_stats.ArchivedFunnel`)."""
+SHA = re.compile(r"^[0-9a-f]{64}$")
+SPARK_WIDTH, SPARK_HEIGHT = 240, 48
+
+
+@dataclass(frozen=True)
+class PoolRow:
+    sha: str
+    name: str
+    status: str
+    origin: str
+    serving_difficulty: int | None
+    calibration: str
+    uses: int
+    env_error_rate: str
+
+
+def pool_rows(archive: Archive, status: str | None) -> list[PoolRow]:
+    """Every environment (of `status`, if given), oldest first."""
+    return [pool_row(row) for row in archive.environments(status)]
+
+
+def pool_row(row: EnvironmentRow) -> PoolRow:
+    summary = _summary(row)
+    errors, gradings = row.stats.env_errors, row.stats.gradings
+    return PoolRow(
+        sha=row.sha,
+        name=row.name,
+        status=row.status,
+        origin=row.origin,
+        serving_difficulty=summary["serving_difficulty"],
+        calibration=_calibration(row),
+        uses=summary["uses"],
+        env_error_rate=f"{errors / gradings:.2f} ({errors}/{gradings})" if gradings else "-",
+    )
+
+
+def status_counts(archive: Archive) -> dict[str, int]:
+    counts = dict.fromkeys(ENV_STATUSES, 0)
+    for row in archive.environments():
+        counts[row.status] = counts.get(row.status, 0) + 1
+    return counts
+
+
+def _calibration(row: EnvironmentRow) -> str:
+    figures = row.stats.calibration
+    if figures is None or figures.pass_rate is None:
+        return "-"
+    where = "?" if figures.difficulty is None else figures.difficulty
+    return f"{figures.pass_rate:.2f} @ {where}"
+
+
+def find_environment(archive: Archive, key: str) -> EnvironmentRow | None:
+    """The environment of sha `key`, else the one called `key` (an active one before the most
+    recently updated other), else None."""
+    if SHA.match(key):
+        row = archive.environment(key)
+        if row is not None:
+            return row
+    with archive.session() as session:
+        rows = list(session.exec(select(EnvironmentRow).where(EnvironmentRow.name == key)))
+    active = [r for r in rows if r.status in {"seed", "admitted"}]
+    ranked = active or sorted(rows, key=lambda r: r.updated_at)
+    return ranked[-1] if ranked else None
+
+
+@dataclass(frozen=True)
+class Link:
+    href: str
+    label: str
+
+
+@dataclass(frozen=True)
+class StoredReport:
+    job_id: str
+    env_sha: str
+    created_at: str
+    adhoc: bool
+    report: ValidationReport
+
+    @property
+    def stopping(self) -> StageReport | None:
+        """The stage that stopped the candidate, if one did."""
+        return next(
+            (s for s in self.report.stages if s.stage == self.report.failed_stage and not s.ok),
+            None,
+        )
+
+
+def reports_of(archive: Archive, sha: str) -> list[StoredReport]:
+    """The validation reports of the environment `sha`, oldest first."""
+    with archive.session() as session:
+        query = select(ValidationRow).where(ValidationRow.env_sha == sha)
+        rows = list(session.exec(query.order_by(ValidationRow.created_at)))  # type: ignore[arg-type]
+    return [_stored(row) for row in rows]
+
+
+def report_by_job(archive: Archive, job_id: str) -> StoredReport | None:
+    with archive.session() as session:
+        row = session.get(ValidationRow, job_id)
+    return None if row is None else _stored(row)
+
+
+def _stored(row: ValidationRow) -> StoredReport:
+    report = ValidationReport.model_validate(row.report)
+    return StoredReport(row.job_id, row.env_sha, row.created_at.isoformat(), row.adhoc, report)
+
+
+@dataclass(frozen=True)
+class Lineage:
+    parents: list[Link]
+    children: list[Link]
+
+
+def lineage(archive: Archive, row: EnvironmentRow) -> Lineage:
+    """Parents (by sha, named when the archive has them) and the environments that name this
+    one as a parent."""
+    everyone = {r.sha: r for r in archive.environments()}
+    parents = [
+        Link(f"/env/{sha}", everyone[sha].name if sha in everyone else f"{sha[:12]} (not stored)")
+        for sha in row.parents
+    ]
+    children = [Link(f"/env/{r.sha}", r.name) for r in everyone.values() if row.sha in r.parents]
+    return Lineage(parents, children)
+
+
+@dataclass(frozen=True)
+class Search:
+    at: str
+    level: int
+    pass_rate: float | None
+    curve: str
+
+
+@dataclass(frozen=True)
+class History:
+    searches: list[Search]
+    sparkline: str
+    """The `points` of an SVG polyline of the pass rate at each chosen level (numbers only;
+    empty with fewer than two)."""
+
+
+def history(row: EnvironmentRow) -> History:
+    searches = []
+    for search in row.stats.pass_rate_history:
+        curve = sorted(search.curve.items(), key=lambda item: _level(item[0]))
+        searches.append(
+            Search(
+                at=search.at,
+                level=search.level,
+                pass_rate=search.curve.get(str(search.level)),
+                curve=", ".join(f"{level}: {rate:.2f}" for level, rate in curve),
+            )
+        )
+    rates = [s.pass_rate for s in searches if s.pass_rate is not None]
+    points = ""
+    if len(rates) >= 2:
+        step = SPARK_WIDTH / (len(rates) - 1)
+        points = " ".join(
+            f"{i * step:.1f},{(1 - min(max(r, 0.0), 1.0)) * (SPARK_HEIGHT - 4) + 2:.1f}"
+            for i, r in enumerate(rates)
+        )
+    return History(searches, points)
+
+
+def _level(text: str) -> int:
+    return int(text) if text.lstrip("-").isdigit() else 0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One candidate of the run's admission funnel and where it stopped."""
+
+    sha: str
+    name: str
+    stage: str
+    href: str
+    detail: str = ""
+    trigger: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Funnel:
+    counts: list[tuple[str, int]]
+    """(stage, candidates that stopped there), in `FUNNEL_ORDER`, then any other outcome."""
+    candidates: list[Candidate]
+
+    @property
+    def total(self) -> int:
+        return len(self.candidates)
+
+
+def funnel(archive: Archive) -> Funnel:
+    """The run's candidates by where they stopped. A candidate is an environment judged by the
+    run's admission (a validation report not made ad hoc: generated candidates), or an
+    archived environment that is generated or rejected; its outcome is the one its archive row
+    keeps (`stats.funnel`), else its latest report's (the failed stage, `admitted`, `expired` or
+    `error`)."""
+    with archive.session() as session:
+        query = select(ValidationRow).where(ValidationRow.adhoc == False)  # noqa: E712
+        rows = list(session.exec(query.order_by(ValidationRow.created_at)))  # type: ignore[arg-type]
+    latest = {row.env_sha: _stored(row) for row in rows}
+    envs = {row.sha: row for row in archive.environments()}
+    candidates = [_candidate(sha, stored, envs.get(sha)) for sha, stored in latest.items()]
+    candidates += [
+        _candidate(sha, None, row)
+        for sha, row in envs.items()
+        if sha not in latest and (row.origin == "generated" or row.status == "rejected")
+    ]
+    found: dict[str, int] = {}
+    for candidate in candidates:
+        found[candidate.stage] = found.get(candidate.stage, 0) + 1
+    order = [*FUNNEL_ORDER, *sorted(set(found) - set(FUNNEL_ORDER))]
+    return Funnel([(stage, found.get(stage, 0)) for stage in order], candidates)
+
+
+def _candidate(sha: str, stored: StoredReport | None, row: EnvironmentRow | None) -> Candidate:
+    """A candidate from its latest report and/or its archive row (one of them at least)."""
+    stopping = stored.stopping if stored is not None else None
+    stage: str
+    if row is not None and row.stats.funnel:
+        stage = row.stats.funnel
+    elif stored is not None:
+        stage = _outcome(stored.report)
+    else:
+        stage = "admitted" if row is not None and row.stats.admitted_at is not None else "unknown"
+    if row is not None:
+        name, href = row.name, f"/env/{sha}"
+    elif stored is not None:
+        name, href = (
+            stored.report.name or stored.report.file,
+            f"/report/{quote(stored.job_id, safe='')}",
+        )
+    else:
+        name, href = sha[:12], f"/env/{sha}"
+    if stopping is not None:
+        detail = stopping.detail
+    else:
+        detail = (stored.report.error or "") if stored is not None else ""
+    trigger = {}
+    if stopping is not None and stopping.trigger is not None:
+        trigger = stopping.trigger.model_dump(exclude_none=True)
+    return Candidate(sha, name, stage, href, detail, trigger)
+
+
+def _outcome(report: ValidationReport) -> str:
+    if report.verdict == "rejected":
+        return report.failed_stage or "unknown"
+    if report.verdict == "error":
+        return "expired" if (report.error or "").startswith("expired") else "error"
+    return "admitted"

@@ -1,0 +1,158 @@
+"""`evoenv pool serve` in a real browser: the command runs as a subprocess on an archive with
+admitted, rejected and retired environments and a hostile one, and headless Chromium (Debian's
+`chromium` and `chromium-driver`, driven by Selenium) clicks through the pool, an environment,
+and the funnel to a rejected candidate; no script from the hostile environment may run."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+from pool_web_archive import HOSTILE_NAME, Built, build_archive
+from support import missing
+
+if TYPE_CHECKING:
+    from selenium.webdriver.remote.webdriver import WebDriver
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+USER, PASSWORD = "ada", "correct horse"
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, Built]]:
+    """`evoenv pool serve --port 0` with basic auth on a fresh archive; its base URL."""
+    url = f"sqlite:///{tmp_path / 'archive.db'}"
+    built = build_archive(url)
+    password = tmp_path / "password"
+    password.write_text(PASSWORD + "\n")
+    env = {
+        **os.environ,
+        "EVOENV_DATA_DIR": str(tmp_path),
+        "EVOENV_DATABASE_URL": url,
+        "PYTHONUNBUFFERED": "1",
+    }
+    command = "from evoenv_cli import main; main()"
+    args = ["pool", "serve", "--port", "0", "--user", USER, "--password-file", str(password)]
+    log = tmp_path / "serve.log"
+    with log.open("w") as errors:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", command, *args],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            env=env,
+        )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "pool on http://127.0.0.1:PORT/", once it listens
+        if not line.startswith("pool on "):
+            pytest.fail(f"evoenv pool serve did not start: {line!r} {log.read_text()[-2000:]}")
+        yield line.split()[-1].rstrip("/"), built
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)
+    # uvicorn stops cleanly on SIGTERM, then raises it again: the exit status says so
+    assert proc.returncode in (0, -15) and "Traceback" not in log.read_text(), log.read_text()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[WebDriver]:
+    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
+        missing(
+            f"{CHROMIUM} or {CHROMEDRIVER} is missing (apt-get install chromium chromium-driver; "
+            "scripts/setup.sh installs them)"
+        )
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        missing("selenium is not installed (pip install -e '.[dev]')")
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM  # never Selenium Manager: nothing is downloaded
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(tmp_path / "chromium-profile", ignore_errors=True)
+
+
+def test_a_browser_clicks_through_the_pool_and_the_funnel_and_runs_nothing_hostile(
+    served: tuple[str, Built], browser: WebDriver
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    base, built = served
+    assert httpx.get(f"{base}/", timeout=10).status_code == 401  # auth on every page
+    driver = browser
+    token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    driver.execute_cdp_cmd("Network.enable", {})
+    driver.execute_cdp_cmd(
+        "Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Basic {token}"}}
+    )
+
+    def unharmed() -> None:
+        assert driver.execute_script("return window.pwned === undefined")
+        assert "pwned" not in driver.title
+
+    # the pool: every environment listed, the hostile name shown as text
+    driver.get(f"{base}/")
+    table = driver.find_element(By.CSS_SELECTOR, "table.pool").text
+    for name in ("sort_words", "count_vowels", "count_vowels_v0", "broken_grid", HOSTILE_NAME):
+        assert name in table
+    unharmed()
+
+    # an environment: its highlighted source and a sample instance with its reference
+    driver.find_element(By.LINK_TEXT, "count_vowels").click()
+    assert driver.find_element(By.TAG_NAME, "h1").text.startswith("count_vowels")
+    assert "class CountVowels(Environment)" in driver.find_element(By.ID, "source").text
+    sample = driver.find_element(By.ID, "sample").text
+    assert "How many vowels are in" in sample and "reference answer" in sample
+
+    # the hostile environment: its prompt and description shown as text, nothing run
+    driver.get(f"{base}/env/{built.hostile}")
+    assert HOSTILE_NAME in driver.find_element(By.TAG_NAME, "h1").text
+    prompt = driver.find_element(By.CSS_SELECTOR, "pre.prompt").text
+    assert "<script>window.pwned=1;" in prompt and "onerror=" in prompt
+    assert not driver.find_elements(By.CSS_SELECTOR, "main script, main img, main iframe")
+    unharmed()
+
+    # the funnel, and one click to a rejected candidate's stage and trigger
+    driver.find_element(By.LINK_TEXT, "admission funnel").click()
+    counts = driver.find_element(By.CSS_SELECTOR, "table.funnel").text
+    assert "L3 1" in counts and "L1 1" in counts
+    driver.find_element(By.LINK_TEXT, "broken_grid").click()
+    stopped = driver.find_element(By.ID, "stopped").text
+    assert "stopped at L3" in stopped and "seed 3, difficulty 2, answer 7" in stopped
+    driver.back()
+    driver.find_element(By.LINK_TEXT, "candidate_g1_1.py").click()
+    assert "stopped at L1: no Environment subclass" in driver.find_element(By.TAG_NAME, "main").text
+    driver.get(f"{base}/funnel")
+    driver.find_element(By.LINK_TEXT, HOSTILE_NAME).click()
+    assert "stopped at L5" in driver.find_element(By.ID, "stopped").text
+    unharmed()
