@@ -153,6 +153,11 @@ def export_pool(settings: Settings, archive: Archive, request: ExportRequest) ->
     """Write the export; prints one line on stdout when done, progress on stderr."""
     every = archive.environments()
     rows = sorted((r for r in every if r.status in request.statuses), key=lambda r: r.name)
+    for row in [r for r in rows if not base_module.is_snake_case(r.name)]:
+        # Admission admits snake_case names only; a name that is not (an archive written by
+        # other means) would name a file outside the folder or a clash, so it is left out.
+        err.print(f"skipped {row.name!r} ({row.sha[:12]}): not a snake_case name", markup=False)
+        rows.remove(row)
     if not rows:
         which = " and ".join(request.statuses)
         raise UsageError(f"the pool has no environment of status {which} to export")
