@@ -10,23 +10,25 @@ PY="${EVOENV_PYTHON:-}"
 say() { printf '[setup] %s\n' "$*" >&2; }
 
 # 1. System packages: bubblewrap (sandbox outer layer), libseccomp (per-call syscall filter),
-#    redis-server (the embedded broker and the tests' private Redis), chromium and its
-#    chromedriver (the browser test of `evoenv pool serve`).
-need=()
+#    redis-server (the embedded broker and the tests' private Redis); for the tests only,
+#    chromium and its chromedriver (the browser test of `evoenv pool serve`).
+need=() tests_need=()
 command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v setpriv >/dev/null || need+=(util-linux)
-command -v chromium >/dev/null || need+=(chromium)
-command -v chromedriver >/dev/null || need+=(chromium-driver)
 ldconfig -p 2>/dev/null | grep -q 'libseccomp.so.2' || need+=(libseccomp2)
-if ((${#need[@]})); then
+command -v chromium >/dev/null || tests_need+=(chromium)
+command -v chromedriver >/dev/null || tests_need+=(chromium-driver)
+if ((${#need[@]} + ${#tests_need[@]})); then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    say "installing Debian packages: ${need[*]}"
+    say "installing Debian packages: ${need[*]} ${tests_need[*]}"
     apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-  else
-    say "missing system packages: ${need[*]}; install them (e.g. sudo apt-get install ${need[*]}) and rerun"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" "${tests_need[@]}" >/dev/null
+  elif ((${#need[@]})); then
+    say "missing system packages: ${need[*]}; install them (e.g. sudo apt-get install ${need[*]} ${tests_need[*]}) and rerun"
     exit 1
+  else
+    say "not installed: ${tests_need[*]} (the browser test needs them: sudo apt-get install ${tests_need[*]})"
   fi
 fi
 
