@@ -435,7 +435,7 @@ class AdapterPublisher(_Pusher):
         self.max_staleness = max_staleness
         push_dir.mkdir(parents=True, exist_ok=True)
         self.live: dict[str, set[int]] = {
-            server.url: set(_adapter_versions(server.adapters())) for server in self.servers
+            server.url: set(policy.adapter_versions(server.adapters())) for server in self.servers
         }
         """The adapter versions each server holds, as far as this publisher knows (those a
         previous learner left are found at start, and retired like the others)."""
@@ -489,14 +489,6 @@ class AdapterPublisher(_Pusher):
                 continue
             if int(number) < oldest_live - self.max_staleness - 1:
                 shutil.rmtree(folder, ignore_errors=True)
-
-
-def _adapter_versions(names: Sequence[str]) -> list[int]:
-    """The policy versions among adapter names (`policy-v{N}`); other adapters are not ours."""
-    prefix = policy.adapter_name(0)[:-1]
-    return [
-        int(n[len(prefix) :]) for n in names if n.startswith(prefix) and n[len(prefix) :].isdigit()
-    ]
 
 
 class NcclPublisher(_Pusher):

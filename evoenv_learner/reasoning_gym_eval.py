@@ -20,6 +20,7 @@ from shared.config import Settings
 from shared.environment import build_prompt, extract_answer
 from shared.errors import ServiceUnavailable, UsageError
 from shared.inference import AsyncInferenceClient, Sampling
+from shared.policy import adapter_versions
 
 log = structlog.get_logger(__name__)
 
@@ -168,6 +169,26 @@ async def reachable(urls: Sequence[str], timeout: float) -> list[str]:
     return healthy
 
 
+async def newest_adapter(urls: Sequence[str], timeout: float) -> int:
+    """LoRA mode: the newest policy version whose adapter (`policy-v{N}`) a server among `urls`
+    lists at `GET /v1/models`; 0 (the base model) when none has one. The evaluation asks that
+    adapter throughout; a server without it answers 404 and the request goes to another."""
+    async with httpx.AsyncClient(timeout=timeout) as http:
+
+        async def held(url: str) -> list[int]:
+            try:
+                response = await http.get(f"{url.rstrip('/')}/v1/models")
+                response.raise_for_status()
+                names = [m.get("id", "") for m in response.json().get("data", [])]
+            except (httpx.HTTPError, ValueError, AttributeError) as exc:
+                log.warning("adapter_list_failed", server=url, error=str(exc) or type(exc).__name__)
+                return []
+            return adapter_versions(n for n in names if isinstance(n, str))
+
+        lists = await asyncio.gather(*(held(url) for url in urls))
+    return max((v for versions in lists for v in versions), default=0)
+
+
 async def evaluate_suite(
     settings: Settings,
     tasks: Sequence[str] = DEFAULT_TASKS,
@@ -183,7 +204,8 @@ async def evaluate_suite(
       asks the first four questions of `-n 16`;
     - the prompt: the question, then our answer instruction (`build_prompt`), as one user
       message;
-    - the completion: one per instance from the served policy, greedy (temperature 0), at most
+    - the completion: one per instance from the served policy (in LoRA mode the newest adapter
+      the servers hold, `newest_adapter`), greedy (temperature 0), at most
       `grpo.max_tokens` tokens, many requests in flight across `vllm_urls`;
     - the grade: `extract_answer` (no `<answer>` span is a format error, score 0), then the
       dataset's own `score_answer(answer, entry)`; a pass is a score of exactly 1.0.
@@ -196,15 +218,24 @@ async def evaluate_suite(
     items = build_items(tasks, n)
     urls = await reachable(settings.vllm_urls, settings.worker.connect_timeout)
     sampling = Sampling(max_tokens=settings.grpo.max_tokens, temperature=0.0)
+    lora = settings.grpo.lora_rank > 0
+    version = await newest_adapter(urls, settings.worker.connect_timeout) if lora else None
+
+    async def served() -> int:
+        return version or 0
+
     log.info(
         "external_eval_started", suite=SUITE, tasks=list(dict.fromkeys(tasks)), instances=n,
-        seed=SEED, model=settings.model, servers=urls, max_tokens=sampling.max_tokens,
+        seed=SEED, model=settings.model, adapter_version=version, servers=urls,
+        max_tokens=sampling.max_tokens,
     )  # fmt: skip
     async with AsyncInferenceClient(
         urls,
         settings.model,
+        version_source=served if lora else None,
         connect_timeout=settings.worker.connect_timeout,
         request_timeout=settings.worker.complete_time_limit,
+        adapters=lora,
     ) as client:
 
         async def complete(prompt: str) -> str:

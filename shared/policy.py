@@ -7,6 +7,7 @@ versions, and tags the completion with it. A missing key reads as 0: the initial
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, cast
 
 import redis
@@ -29,6 +30,14 @@ return {1, new}
 def adapter_name(version: int) -> str:
     """The name LoRA mode loads a policy version's adapter under on every server."""
     return f"policy-v{version}"
+
+
+def adapter_versions(names: Iterable[str]) -> list[int]:
+    """The policy versions among adapter names (`policy-v{N}`); other adapters are not ours."""
+    prefix = adapter_name(0)[:-1]
+    return [
+        int(n[len(prefix) :]) for n in names if n.startswith(prefix) and n[len(prefix) :].isdigit()
+    ]
 
 
 class VersionNotIncreased(EvoEnvError):

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,21 @@ def evoenv(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+ANSWER = {
+    "prompt_token_ids": [1, 2],
+    "choices": [
+        {
+            "index": 0,
+            "message": {"content": "<answer>-1</answer>"},
+            "token_ids": [7],
+            "logprobs": {"content": [{"token": "t", "logprob": -0.1}]},
+            "finish_reason": "stop",
+        }
+    ],
+}
+"""A chat completion as vLLM returns it, answering -1."""
+
+
 def assert_shape(result: dict[str, Any], n: int) -> None:
     assert result["suite"] == "reasoning-gym" and isinstance(result["seed"], int)
     assert result["instances"] == n and result[f"instances_{TASK}"] == n
@@ -46,21 +62,7 @@ def assert_shape(result: dict[str, Any], n: int) -> None:
 def test_json_from_a_fake_server(fake_server: FakeServer) -> None:
     fake_server.routes[("GET", "/health")] = (200, {})
     fake_server.routes[("POST", "/v1/chat/completions/render")] = (404, {"detail": "Not Found"})
-    fake_server.routes[("POST", "/v1/chat/completions")] = (
-        200,
-        {
-            "prompt_token_ids": [1, 2],
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"content": "<answer>-1</answer>"},
-                    "token_ids": [7],
-                    "logprobs": {"content": [{"token": "t", "logprob": -0.1}]},
-                    "finish_reason": "stop",
-                }
-            ],
-        },
-    )
+    fake_server.routes[("POST", "/v1/chat/completions")] = (200, ANSWER)
     done = evoenv(
         "eval", "--suite", "reasoning-gym", "-n", "3", "--task", TASK, "--json",
         env={"EVOENV_VLLM_URLS": fake_server.url, "EVOENV_MODEL": "m",
@@ -74,6 +76,35 @@ def test_json_from_a_fake_server(fake_server: FakeServer) -> None:
     assert len(sent) == 3
     assert {(b["model"], b["temperature"], b["max_tokens"]) for b in sent} == {("m", 0.0, 99)}
     assert all(b["messages"][0]["content"].endswith(ANSWER_INSTRUCTION) for b in sent)
+
+
+def test_in_lora_mode_it_asks_the_newest_adapter_the_servers_hold(
+    fake_servers: Callable[[], FakeServer],
+) -> None:
+    """`EVOENV_GRPO__LORA_RANK` > 0: every question goes to the newest `policy-v{N}` listed
+    at /v1/models (other adapters are not the policy's), not to the base model; a server
+    without it (404) passes the request on to one that has it."""
+    old, new = fake_servers(), fake_servers()
+    listed = {
+        old: ["m", "policy-v3", "policy-v4"],
+        new: ["m", "policy-v4", "policy-v5", "policy-vx", "someone-elses-v9"],
+    }
+    for server, names in listed.items():
+        server.routes[("GET", "/health")] = (200, {})
+        data = [{"id": n, "parent": None if n == "m" else "m"} for n in names]
+        server.routes[("GET", "/v1/models")] = (200, {"data": data})
+    old.routes[("POST", "/v1/chat/completions")] = (404, {"error": "model does not exist"})
+    new.routes[("POST", "/v1/chat/completions")] = (200, ANSWER)
+    done = evoenv(
+        "eval", "--suite", "reasoning-gym", "-n", "2", "--task", TASK, "--json",
+        env={"EVOENV_VLLM_URLS": f"{old.url},{new.url}", "EVOENV_MODEL": "m",
+             "EVOENV_GRPO__LORA_RANK": "8"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert_shape(json.loads(done.stdout), 2)
+    asked = [body["model"] for server in (old, new) for method, path, body in server.hits
+             if path == "/v1/chat/completions"]  # fmt: skip
+    assert set(asked) == {"policy-v5"} and len(asked) >= 2
 
 
 @pytest.mark.slow
