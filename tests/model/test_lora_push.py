@@ -144,9 +144,10 @@ def test_an_adapter_push_does_not_wait_for_the_requests_in_flight(
 
     How long the push takes is the bench's measure (`bench/bench_push.py`), not this test's: a
     CPU server loads an adapter between two engine steps, 0.03 s on an idle server and 0.8 to
-    1.2 s here with these two decoding (2.7 s once in CI, 16 s on a loaded machine). The
-    completions (128 tokens, about 10 s on two cores) outlast such a push; a push that waited
-    for them would return after both ended."""
+    1.6 s here with these two decoding (2.7 s once in CI, 16 s on a loaded machine). The
+    completions (96 tokens: 13 s on two cores of a Xeon with AMX, where 128 took 18 s and 64
+    took 5 s) outlast such a push; a push that waited for them would return after both
+    ended."""
     store = redis.Redis.from_url(redis_url)
     client = InferenceClient(
         [vllm_server.url],
@@ -159,7 +160,7 @@ def test_an_adapter_push_does_not_wait_for_the_requests_in_flight(
     )
     trainer = Trainer(small_model, LORA, device="cpu")
     count = [{"role": "user", "content": "Count from 1 to 1000, one number a line."}]
-    long = Sampling(max_tokens=128, temperature=0.0)
+    long = Sampling(max_tokens=96, temperature=0.0)
     ends: list[float] = []
     try:
         first = publisher.publish(trainer.model)
