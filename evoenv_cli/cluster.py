@@ -25,6 +25,7 @@ from shared import keys
 from shared.config import Settings
 from shared.errors import ServiceUnavailable, UsageError
 from shared.messages import DeadLetter, ValidateJob, ValidationReport
+from shared.ports import is_loopback
 
 
 def register(app: typer.Typer) -> None:
@@ -118,7 +119,7 @@ def flower(ctx: typer.Context) -> None:
     argv = ["flower", f"--address={settings.flower.address}", f"--port={settings.flower.port}"]
     if settings.flower.basic_auth:
         argv.append(f"--basic-auth={settings.flower.basic_auth}")
-    elif settings.flower.address not in {"127.0.0.1", "localhost", "::1"}:
+    elif not is_loopback(settings.flower.address):
         raise UsageError(
             "Flower would face the network without a password: set EVOENV_FLOWER__BASIC_AUTH"
         )

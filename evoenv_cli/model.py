@@ -9,6 +9,7 @@ from types import FrameType
 import typer
 
 from shared.config import Settings
+from shared.ports import is_loopback
 
 app = typer.Typer(help="The policy's weights: prepare the embedded model.", no_args_is_help=True)
 
@@ -60,7 +61,7 @@ def serve(
     if updates:
         serve_settings = settings.serve.model_copy(update=updates)
         settings = settings.model_copy(update={"serve": serve_settings})
-    if settings.serve.host not in ("127.0.0.1", "localhost", "::1"):
+    if not is_loopback(settings.serve.host):
         typer.echo(
             f"warning: binding {settings.serve.host}: anyone who can reach this port can "
             "replace the model's weights (development endpoints are on)",

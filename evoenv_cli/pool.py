@@ -34,16 +34,10 @@ def _archive(settings: Settings) -> Any:
 
 
 def _find(archive: Any, name: str) -> Any:
-    from sqlmodel import select
-
-    from shared.db import EnvironmentRow
-
-    with archive.session() as session:
-        rows = list(session.exec(select(EnvironmentRow).where(EnvironmentRow.name == name)))
-    if not rows:
+    row = archive.latest_by_name(name)
+    if row is None:
         raise UsageError(f"no environment called {name!r} in the archive (see: evoenv pool list)")
-    active = [r for r in rows if r.status in {"seed", "admitted"}]
-    return (active or sorted(rows, key=lambda r: r.updated_at))[-1]
+    return row
 
 
 @app.command("list")
@@ -114,9 +108,10 @@ def _summary(row: EnvironmentRow) -> dict[str, Any]:
 
 
 def _rate(calibration: Any) -> str:
-    if not isinstance(calibration, dict) or "pass_rate" not in calibration:
+    if not isinstance(calibration, dict) or calibration.get("pass_rate") is None:
         return "-"
-    return f"{calibration['pass_rate']:.2f} @ {calibration.get('difficulty', '?')}"
+    where = calibration.get("difficulty")
+    return f"{calibration['pass_rate']:.2f} @ {'?' if where is None else where}"
 
 
 @app.command("show")

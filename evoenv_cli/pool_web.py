@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import ipaddress
 import secrets
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,6 +30,7 @@ from evoenv_cli.pool_web_sample import Sampler, truncate
 from shared.config import Settings, mask_url
 from shared.db import ENV_STATUSES, Archive
 from shared.errors import SandboxFailure, SandboxUnavailable, UsageError
+from shared.ports import is_loopback
 
 log = structlog.get_logger(__name__)
 
@@ -79,8 +79,7 @@ class PoolSite:
     def pool(self, status: str | None) -> HTMLResponse:
         if status is not None and status not in ENV_STATUSES:
             raise HTTPException(404, f"no status {status!r} (one of {', '.join(ENV_STATUSES)})")
-        rows = data.pool_rows(self.archive, status)
-        counts = data.status_counts(self.archive)
+        rows, counts = data.pool_rows(self.archive, status)
         return self.page("pool.html", rows=rows, counts=counts, status=status)
 
     def environment(self, key: str, seed: int, difficulty: int | None) -> HTMLResponse:
@@ -221,15 +220,6 @@ def _authorised(request: Request, expected: tuple[bytes, bytes]) -> bool:
 
 
 # ------------------------------------------------------------------------------- the command
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def serve_command(

@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 from sqlmodel import select
 
-from evoenv_cli.pool import _summary
+from evoenv_cli.pool import _rate, _summary
 from shared.db import ENV_STATUSES, Archive, EnvironmentRow, ValidationRow
 from shared.messages import MECHANICAL_STAGES, MODEL_STAGES, StageReport, ValidationReport
 
@@ -40,9 +40,14 @@ class PoolRow:
     env_error_rate: str
 
 
-def pool_rows(archive: Archive, status: str | None) -> list[PoolRow]:
-    """Every environment (of `status`, if given), oldest first."""
-    return [pool_row(row) for row in archive.environments(status)]
+def pool_rows(archive: Archive, status: str | None) -> tuple[list[PoolRow], dict[str, int]]:
+    """Every environment (of `status`, if given), oldest first, and the count of each status
+    (from the same read)."""
+    every = archive.environments()
+    counts = dict.fromkeys(ENV_STATUSES, 0)
+    for row in every:
+        counts[row.status] = counts.get(row.status, 0) + 1
+    return [pool_row(r) for r in every if status is None or r.status == status], counts
 
 
 def pool_row(row: EnvironmentRow) -> PoolRow:
@@ -54,39 +59,20 @@ def pool_row(row: EnvironmentRow) -> PoolRow:
         status=row.status,
         origin=row.origin,
         serving_difficulty=summary["serving_difficulty"],
-        calibration=_calibration(row),
+        calibration=_rate(summary["calibration"]),
         uses=summary["uses"],
         env_error_rate=f"{errors / gradings:.2f} ({errors}/{gradings})" if gradings else "-",
     )
 
 
-def status_counts(archive: Archive) -> dict[str, int]:
-    counts = dict.fromkeys(ENV_STATUSES, 0)
-    for row in archive.environments():
-        counts[row.status] = counts.get(row.status, 0) + 1
-    return counts
-
-
-def _calibration(row: EnvironmentRow) -> str:
-    figures = row.stats.calibration
-    if figures is None or figures.pass_rate is None:
-        return "-"
-    where = "?" if figures.difficulty is None else figures.difficulty
-    return f"{figures.pass_rate:.2f} @ {where}"
-
-
 def find_environment(archive: Archive, key: str) -> EnvironmentRow | None:
-    """The environment of sha `key`, else the one called `key` (an active one before the most
-    recently updated other), else None."""
+    """The environment of sha `key`, else the one called `key` (`Archive.latest_by_name`),
+    else None."""
     if SHA.match(key):
         row = archive.environment(key)
         if row is not None:
             return row
-    with archive.session() as session:
-        rows = list(session.exec(select(EnvironmentRow).where(EnvironmentRow.name == key)))
-    active = [r for r in rows if r.status in {"seed", "admitted"}]
-    ranked = active or sorted(rows, key=lambda r: r.updated_at)
-    return ranked[-1] if ranked else None
+    return archive.latest_by_name(key)
 
 
 @dataclass(frozen=True)

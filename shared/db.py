@@ -357,6 +357,15 @@ class Archive:
             query = query.where(EnvironmentRow.status.in_(list(statuses)))  # type: ignore[attr-defined]
             return session.exec(query).first()
 
+    def latest_by_name(self, name: str) -> EnvironmentRow | None:
+        """The environment called `name` that a person means: the active one (seed or
+        admitted), else the most recently updated of that name (retired, rejected, ...)."""
+        with self.session() as session:
+            rows = list(session.exec(select(EnvironmentRow).where(EnvironmentRow.name == name)))
+        active = [r for r in rows if r.status in {"seed", "admitted"}]
+        ranked = active or sorted(rows, key=lambda r: r.updated_at)
+        return ranked[-1] if ranked else None
+
     def record_metrics(
         self, run: str, step: int, kind: str, version: int, values: dict[str, Any]
     ) -> None:

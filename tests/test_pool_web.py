@@ -16,9 +16,10 @@ import pytest
 from fastapi.testclient import TestClient
 from pool_web_archive import HOSTILE_STRINGS, PWN, SCRIPT, Built, build_archive
 
-from evoenv_cli.pool_web import SECURITY_HEADERS, create_app, is_loopback
+from evoenv_cli.pool_web import SECURITY_HEADERS, create_app
 from evoenv_cli.pool_web_sample import Sampler
 from shared.config import Settings
+from shared.ports import is_loopback
 
 
 def settings_for(folder: Path, **pool_web: object) -> Settings:
