@@ -1,8 +1,10 @@
 """Child processes of `evoenv up`: start them, restart the ones that die, stop them all.
 
-Each child runs in its own session with its output in RUN/logs/NAME.log, under a parent-death
-signal, so that nothing outlives `evoenv up` (see `Child`, `Supervisor`;
-docs/DESIGN.md#the-supervisor-in-evoenv-up).
+Each child runs in its own session with its output in RUN/logs/NAME.log, behind a small reaper
+process (`reaper.py`) started under a parent-death signal, so that nothing outlives `evoenv up`
+however it ends (see `Child`, `Supervisor`; docs/DESIGN.md#the-supervisor-in-evoenv-up). A child
+that dies is restarted, and its end is said in one line (`exit_reason`): its exit status or
+signal, and whether the kernel's out-of-memory killer ended it.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ import asyncio
 import contextlib
 import functools
 import os
+import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,18 +29,24 @@ log = structlog.get_logger(__name__)
 
 STOP_GRACE = 20.0
 """Seconds a child has to exit after SIGTERM before SIGKILL."""
+REAPER = Path(__file__).with_name("reaper.py")
+REAPER_MARGIN = 5.0
+"""Seconds past a child's grace that the supervisor waits for its reaper, which kills what is
+left at the grace itself, before it kills them both."""
 
 
 @dataclass
 class Child:
-    """One supervised process, in its own session (process group), its output in `log_path`.
+    """One supervised process, in its own session, its output in `log_path`.
 
-    Stopping sends SIGTERM to the whole group, then SIGKILL once its `grace` is over, so nothing
-    is left behind (vLLM's engine and Celery's pool processes included). Descendants that left
-    the group (a process that starts its own session) are tracked from /proc while the child
-    lives and killed with it: otherwise a killed child's orphans can keep its port. It also
-    stops when the supervising process dies without stopping it (`kill -9`, a crash): it is
-    started under `setpriv --pdeathsig TERM` (Linux's parent-death signal, kept across exec).
+    `proc` is its reaper (`reaper.py`), which runs `argv` in a process group of its own and
+    adopts every orphan among its descendants. Stopping sends the reaper SIGTERM: it passes
+    it to the child's group and SIGKILLs whatever is left once the `grace` is over, so nothing
+    is left behind (vLLM's engine and Celery's pool processes included). Descendants are also
+    tracked from /proc while the child lives and killed with it, should the reaper itself be
+    killed. The reaper is started under `setpriv --pdeathsig TERM` (Linux's parent-death signal,
+    kept across exec), so the child also stops when the supervising process dies without
+    stopping it (`kill -9`, the kernel's out-of-memory killer, a crash).
     """
 
     name: str
@@ -53,11 +63,21 @@ class Child:
     """Stop order: higher layers stop first, one layer at a time (`Supervisor.stop_all`)."""
     grace: float = STOP_GRACE
     """Seconds it has to exit after SIGTERM before SIGKILL."""
+    max_restarts: int | None = None
+    """Restarts before the supervisor gives up on it (None: the supervisor's `max_restarts`)."""
+    finishes: bool = False
+    """An exit with status 0 is the end of the run (the learner done with its steps), not a
+    death: the supervisor then stops watching instead of restarting it."""
+    died: Callable[[str], None] | None = None
+    """Called with the line that says how it ended, after it died and before its restart (the
+    learner: resume the model servers its step may have left paused)."""
     tree: set[int] = field(default_factory=set)
     """Its descendants as last seen (`Supervisor.watch` refreshes it)."""
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     started_at: float = 0.0
+    oom_kills_at_start: int | None = None
+    """The cgroup's out-of-memory kill count when it started (`oom_kills`)."""
 
     @property
     def alive(self) -> bool:
@@ -68,9 +88,11 @@ class Child:
         signal is the starting thread's): call it from the thread that supervises, which in
         `evoenv up` is the main thread."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.oom_kills_at_start = oom_kills()
+        reaped = [sys.executable, str(REAPER), str(self.grace), "--", *self.argv]
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(
-                _dies_with_us(self.argv),
+                _dies_with_us(reaped),
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -82,20 +104,28 @@ class Child:
         self.started_at = time.monotonic()
         log.info("child_started", child=self.name, pid=self.proc.pid)
 
-    def terminate(self) -> None:
-        """Ask its whole group to stop (SIGTERM); `finish` waits for it."""
+    def send_signal(self, signum: int) -> None:
+        """Send `signum` to the child (through its reaper, which passes SIGUSR1 and SIGUSR2 on
+        and stops the child on SIGTERM); nothing if it is not running."""
         if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
+                os.kill(self.proc.pid, signum)
+
+    def terminate(self) -> None:
+        """Ask it to stop (SIGTERM to its reaper, which passes it to the child's group and
+        kills what is left after the grace); `finish` waits for it."""
+        self.send_signal(signal.SIGTERM)
 
     def finish(self, signalled: float) -> None:
         """Wait for it until its `grace` from `signalled` (the time.monotonic() of the SIGTERM)
-        is over, then SIGKILL whatever is left of its group and descendants."""
+        and the reaper's margin are over, then SIGKILL whatever is left of it and its
+        descendants."""
         proc = self.proc
         if proc is None:
             return
+        self.tree |= descendants(proc.pid)
         try:
-            proc.wait(max(signalled + self.grace - time.monotonic(), 0.0))
+            proc.wait(max(signalled + self.grace + REAPER_MARGIN - time.monotonic(), 0.0))
         except subprocess.TimeoutExpired:
             log.warning("child_killed", child=self.name, after_seconds=self.grace)
         with contextlib.suppress(ProcessLookupError):
@@ -115,17 +145,28 @@ class Child:
 @dataclass
 class Supervisor:
     """The children of `evoenv up`; one that dies is restarted with a growing delay, at most
-    `max_restarts` times."""
+    `max_restarts` times (or its own `Child.max_restarts`)."""
 
     children: list[Child] = field(default_factory=list)
     max_restarts: int = 5
     events: list[str] = field(default_factory=list)
     gave_up: str | None = None
-    """The child that died more than `max_restarts` times (the watch then returns)."""
+    """The child that died more than its restarts allow (the watch then returns)."""
+    gave_up_reason: str = ""
+    """How that child ended the last time (`exit_reason`)."""
+    finished: str | None = None
+    """The child (one that `finishes`) whose exit with status 0 ended the watch."""
+    on_event: Callable[[str], None] | None = None
+    """Called with each line added to `events` (`evoenv up` prints them)."""
 
     def add(self, child: Child) -> Child:
         self.children.append(child)
         return child
+
+    def say(self, line: str) -> None:
+        self.events.append(line)
+        if self.on_event is not None:
+            self.on_event(line)
 
     async def start(self, child: Child, timeout: float) -> None:
         """Start `child` and wait until it is ready (or raise with the tail of its log)."""
@@ -143,35 +184,62 @@ class Supervisor:
             await asyncio.sleep(0.5)
 
     async def watch(self, stop: asyncio.Event, start_timeout: float = 300.0) -> None:
-        """Restart children that die until `stop` is set."""
+        """Restart children that die until `stop` is set (or one that `finishes` exits 0)."""
         while not stop.is_set():
             parents = process_parents()  # one /proc scan a tick for every child
             for child in self.children:
                 if child.alive:
                     child.tree |= descendants(child.proc.pid, parents=parents)  # type: ignore[union-attr]
                 if child.proc is not None and not child.alive and not stop.is_set():
-                    child.kill_tree()
-                    code = child.proc.returncode
-                    if child.restarts >= self.max_restarts:
-                        self.events.append(f"{child.name} died (exit {code}) too often; giving up")
-                        log.error("child_gave_up", child=child.name, code=code)
-                        self.gave_up = child.name
-                        stop.set()
+                    await self._died(child, stop, start_timeout)
+                    if stop.is_set():
                         break
-                    child.restarts += 1
-                    self.events.append(f"{child.name} died (exit {code}); restart {child.restarts}")
-                    log.warning("child_died", child=child.name, code=code, restart=child.restarts)
-                    await asyncio.sleep(min(2.0**child.restarts, 30.0))
-                    try:
-                        await self.start(child, start_timeout)
-                    except RuntimeError as exc:
-                        log.error("child_restart_failed", child=child.name, error=str(exc)[:500])
-                        continue
-                    log.info("child_restarted", child=child.name, restart=child.restarts)
-                    if child.restarted is not None:
-                        child.restarted()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
+
+    async def _died(self, child: Child, stop: asyncio.Event, start_timeout: float) -> None:
+        """`child` is no longer running: the end of the run (it `finishes` and exited 0), a
+        restart, or, past its restarts, the supervisor giving up (both set `stop`)."""
+        proc = child.proc
+        assert proc is not None
+        code = proc.returncode
+        pids = {proc.pid} | child.tree
+        child.kill_tree()
+        if child.finishes and code == 0:
+            log.info("child_finished", child=child.name)
+            self.finished = child.name
+            child.proc = None
+            stop.set()
+            return
+        reason = exit_reason(code, pids, child.oom_kills_at_start)
+        limit = self.max_restarts if child.max_restarts is None else child.max_restarts
+        if child.died is not None:
+            child.died(reason)
+        if child.restarts >= limit:
+            self.say(f"{child.name} {reason}, after {child.restarts} restarts; giving up")
+            log.error("child_gave_up", child=child.name, code=code, reason=reason)
+            self.gave_up, self.gave_up_reason = child.name, reason
+            child.proc = None
+            stop.set()
+            return
+        child.restarts += 1
+        self.say(f"{child.name} {reason}; restart {child.restarts} of {limit}")
+        log.warning(
+            "child_died", child=child.name, code=code, reason=reason, restart=child.restarts
+        )
+        with contextlib.suppress(TimeoutError):  # a stop during the delay: no restart
+            await asyncio.wait_for(stop.wait(), timeout=min(2.0**child.restarts, 30.0))
+        if stop.is_set():
+            child.proc = None
+            return
+        try:
+            await self.start(child, start_timeout)
+        except RuntimeError as exc:
+            log.error("child_restart_failed", child=child.name, error=str(exc)[:500])
+            return
+        log.info("child_restarted", child=child.name, restart=child.restarts)
+        if child.restarted is not None:
+            child.restarted()
 
     def stop_all(self) -> None:
         """Stop every child: layer by layer, highest first (the workers before the services
@@ -228,6 +296,86 @@ def process_parents() -> dict[int, int]:
                 continue
             parents[int(entry.name)] = int(fields[1])
     return parents
+
+
+def exit_reason(code: int | None, pids: set[int], oom_kills_at_start: int | None = None) -> str:
+    """How a child ended, in words: "exited with status 1", "was killed by SIGKILL", and for a
+    SIGKILL, "(the kernel's out-of-memory killer)" where the kernel's log names one of `pids`
+    (the child and its descendants), or the cgroup's out-of-memory kill count rose since
+    `oom_kills_at_start`."""
+    if code is None:
+        return "ended"
+    if code >= 0:
+        return f"exited with status {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    reason = f"was killed by {name}"
+    if -code == signal.SIGKILL:
+        after = oom_kills()
+        if kernel_oom_killed(pids) or (
+            oom_kills_at_start is not None and after is not None and after > oom_kills_at_start
+        ):
+            reason += " (the kernel's out-of-memory killer)"
+    return reason
+
+
+_KILLED = re.compile(r"Killed process (\d+)")
+
+
+def kernel_oom_killed(pids: set[int]) -> bool:
+    """Whether the kernel's log (/dev/kmsg, where readable) says its out-of-memory killer
+    killed one of `pids`."""
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        while True:
+            try:
+                record = os.read(fd, 8192)
+            except BlockingIOError:
+                return False
+            except OSError:  # EPIPE: records overwritten while reading; read on
+                continue
+            if not record:
+                return False
+            found = _KILLED.search(record.decode("utf-8", "replace"))
+            if found and int(found.group(1)) in pids:
+                return True
+    finally:
+        os.close(fd)
+
+
+def oom_kills() -> int | None:
+    """The out-of-memory kills counted by this process's memory cgroup (cgroup v2's
+    memory.events, v1's memory.oom_control), None where neither is readable."""
+    for path in _memory_cgroup_files():
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+    return None
+
+
+def _memory_cgroup_files() -> list[Path]:
+    root = Path("/sys/fs/cgroup")
+    files = []
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controllers == "":
+                files.append(root / path.lstrip("/") / "memory.events")
+            elif "memory" in controllers.split(","):
+                files += [root / "memory" / path.lstrip("/") / "memory.oom_control"]
+    except (OSError, ValueError):
+        pass
+    return [*files, root / "memory.events", root / "memory" / "memory.oom_control"]
 
 
 def _tail(path: Path, lines: int = 15) -> str:

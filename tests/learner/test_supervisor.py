@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from evoenv_cli.supervisor import Child, Supervisor
+from evoenv_cli.supervisor import Child, Supervisor, exit_reason, oom_kills, process_parents
 
 
 def _alive(pid: int) -> bool:
@@ -23,6 +23,16 @@ def _alive(pid: int) -> bool:
         return False
     # a zombie counts as gone
     return "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _command_pid(child: Child) -> int:
+    """The child's command: its reaper's own child (`reaper.py`)."""
+    (pid,) = [
+        pid
+        for pid, parent in process_parents().items()
+        if parent == child.proc.pid  # type: ignore[union-attr]
+    ]
+    return pid
 
 
 def test_a_killed_child_is_restarted_and_its_hook_runs(tmp_path: Path) -> None:
@@ -71,7 +81,7 @@ def test_a_child_that_keeps_dying_is_given_up(tmp_path: Path) -> None:
 
     asyncio.run(scenario())
     assert supervisor.gave_up == "crasher" and child.restarts == 1
-    assert any("too often" in event for event in supervisor.events)
+    assert any("giving up" in event for event in supervisor.events)
     supervisor.stop_all()
 
 
@@ -97,7 +107,7 @@ def test_descendants_in_a_session_of_their_own_die_with_the_child(tmp_path: Path
         while not child.tree and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         escaped = set(child.tree)
-        os.killpg(child.proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        os.killpg(_command_pid(child), signal.SIGKILL)
         while child.restarts == 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         stop.set()
@@ -105,7 +115,7 @@ def test_descendants_in_a_session_of_their_own_die_with_the_child(tmp_path: Path
         return escaped
 
     escaped = asyncio.run(scenario())
-    assert len(escaped) == 1
+    assert len(escaped) == 2  # the command and its grandchild in a session of its own
     deadline = time.monotonic() + 5
     while any(_alive(pid) for pid in escaped) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -158,15 +168,25 @@ def test_stop_all_stops_a_layer_together_and_the_layers_in_order(tmp_path: Path)
 SUPERVISING = """
 import os, sys, time
 from pathlib import Path
-from evoenv_cli.supervisor import Child, Supervisor
+from evoenv_cli.supervisor import Child, Supervisor, descendants
 folder = Path(sys.argv[1])
 supervisor = Supervisor()
-for name in ("service", "worker"):
-    argv = [sys.executable, "-c", "import time; time.sleep(600)"]
-    child = supervisor.add(Child(name, argv, dict(os.environ), folder / f"{name}.log"))
+for name, code in (("service", "import time; time.sleep(600)"), ("worker", sys.argv[2])):
+    argv = [sys.executable, "-c", code]
+    child = supervisor.add(Child(name, argv, dict(os.environ), folder / f"{name}.log", grace=2))
     child.start()
-(folder / "pids.tmp").write_text(" ".join(str(c.proc.pid) for c in supervisor.children))
+time.sleep(1.0)  # the worker's grandchild starts
+pids = {c.proc.pid for c in supervisor.children} | descendants(os.getpid())
+(folder / "pids.tmp").write_text(" ".join(map(str, pids)))
 (folder / "pids.tmp").rename(folder / "pids")
+time.sleep(600)
+"""
+
+
+STUBBORN = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # like a worker whose broker is gone
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
 time.sleep(600)
 """
 
@@ -175,9 +195,10 @@ def test_children_stop_when_the_supervising_process_is_killed(tmp_path: Path) ->
     # `kill -9` of `evoenv up` (or its death by SIGHUP before it can stop anything) must not
     # leave a Redis, a vLLM server or a worker behind: each child is in a session of its own,
     # which no signal to the supervisor's group reaches, so the kernel's parent-death signal
-    # does it.
+    # stops each child's reaper, which stops the child and, after its grace (2 s here), kills
+    # what is left: a child that ignores SIGTERM, and its grandchild in a session of its own.
     supervising = subprocess.Popen(
-        [sys.executable, "-c", SUPERVISING, str(tmp_path)], start_new_session=True
+        [sys.executable, "-c", SUPERVISING, str(tmp_path), STUBBORN], start_new_session=True
     )
     try:
         deadline = time.monotonic() + 30
@@ -185,7 +206,8 @@ def test_children_stop_when_the_supervising_process_is_killed(tmp_path: Path) ->
             assert time.monotonic() < deadline and supervising.poll() is None, "no children"
             time.sleep(0.05)
         pids = [int(pid) for pid in (tmp_path / "pids").read_text().split()]
-        assert len(pids) == 2 and all(_alive(pid) for pid in pids)
+        # two reapers, their two commands, the worker's grandchild in a session of its own
+        assert len(pids) == 5 and all(_alive(pid) for pid in pids)
         os.kill(supervising.pid, signal.SIGKILL)
         supervising.wait()
         deadline = time.monotonic() + 10
@@ -195,3 +217,60 @@ def test_children_stop_when_the_supervising_process_is_killed(tmp_path: Path) ->
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(supervising.pid, signal.SIGKILL)
+
+
+def test_a_child_that_finishes_ends_the_watch_and_one_that_dies_is_said_why(
+    tmp_path: Path,
+) -> None:
+    # The learner done with its steps exits 0: the run ends, nothing is restarted. A learner
+    # killed by SIGKILL is restarted, its `died` hook told how it ended first.
+    reasons: list[str] = []
+    lines: list[str] = []
+    finisher = Child(
+        "learner",
+        [sys.executable, "-c", "import sys, time; time.sleep(1.5); sys.exit(0)"],
+        dict(os.environ),
+        tmp_path / "learner.log",
+        finishes=True,
+        died=reasons.append,
+        max_restarts=2,
+    )
+    victim = Child(
+        "victim",
+        [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+        dict(os.environ),
+        tmp_path / "victim.log",
+        died=reasons.append,
+        max_restarts=0,
+    )
+    supervisor = Supervisor(on_event=lines.append)
+    supervisor.add(finisher)
+
+    async def scenario(child: Child) -> None:
+        stop = asyncio.Event()
+        child.start()
+        await asyncio.wait_for(supervisor.watch(stop), timeout=30)
+        assert stop.is_set()
+
+    asyncio.run(scenario(finisher))
+    assert supervisor.finished == "learner" and finisher.restarts == 0 and not reasons
+
+    supervisor = Supervisor(on_event=lines.append)
+    supervisor.add(victim)
+    asyncio.run(scenario(victim))
+    assert reasons == ["was killed by SIGKILL"]
+    assert supervisor.gave_up == "victim" and supervisor.gave_up_reason == reasons[0]
+    assert lines == ["victim was killed by SIGKILL, after 0 restarts; giving up"]
+
+
+def test_exit_reason_names_the_signal_and_the_out_of_memory_killer() -> None:
+    assert exit_reason(0, set()) == "exited with status 0"
+    assert exit_reason(3, set()) == "exited with status 3"
+    assert exit_reason(-signal.SIGTERM, set()) == "was killed by SIGTERM"
+    # the cgroup counted an out-of-memory kill since the child started
+    counted = oom_kills()
+    if counted is not None:
+        assert exit_reason(-signal.SIGKILL, {1}, counted - 1).endswith(
+            "(the kernel's out-of-memory killer)"
+        )
+        assert exit_reason(-signal.SIGKILL, {2**22 + 7}, counted) == "was killed by SIGKILL"

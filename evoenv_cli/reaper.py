@@ -1,0 +1,121 @@
+"""The process between `evoenv up` and each of its children: `python reaper.py GRACE -- ARGV...`.
+
+It runs ARGV and makes sure that nothing ARGV started outlives it, whatever happens to `up`:
+
+- It is a child subreaper (Linux's `PR_SET_CHILD_SUBREAPER`), so every descendant of ARGV that
+  is orphaned (a Celery pool process, vLLM's engine core, a sandbox) is re-parented to it
+  instead of to init, and stays findable.
+- ARGV runs in a process group of its own. On SIGTERM, SIGINT or SIGHUP (from `up`'s stop, or
+  the kernel's parent-death signal when `up` dies: `up` starts it under `setpriv --pdeathsig
+  TERM`) it sends SIGTERM to that group, once, and gives it GRACE seconds; then it SIGKILLs
+  every descendant left.
+- When ARGV exits, by itself or stopped, every descendant left is SIGKILLed at once.
+- SIGUSR1 and SIGUSR2 are forwarded to ARGV (the learner's "push the weights again").
+
+It exits as ARGV did: with its exit status, or killed by the same signal, so the supervisor
+reads the child's own end. Standard library only, and run as a file, not a module, so that it
+starts in milliseconds without the project's imports.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import time
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the supervisor's own tracking still kills what it saw
+
+
+def _descendants(root: int) -> set[int]:
+    parents: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as stat:
+                    parents[int(name)] = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found: set[int] = set()
+    frontier = {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _kill_all(me: int) -> None:
+    for pid in _descendants(me):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] != "--":
+        sys.stderr.write("usage: reaper.py GRACE -- COMMAND [ARG...]\n")
+        return 2
+    grace, command = float(argv[0]), argv[2:]
+    _become_subreaper()
+    me = os.getpid()
+    child = os.posix_spawnp(command[0], command, os.environ, setpgroup=0)
+    stop_at: list[float] = []
+
+    def stop(*_: object) -> None:
+        if not stop_at:
+            stop_at.append(time.monotonic() + grace)
+            try:
+                os.killpg(child, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            signal.setitimer(signal.ITIMER_REAL, grace)
+
+    def overdue(*_: object) -> None:
+        _kill_all(me)
+
+    def forward(signum: int, _: object) -> None:
+        try:
+            os.kill(child, signum)
+        except ProcessLookupError:
+            pass
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, stop)
+    signal.signal(signal.SIGALRM, overdue)
+    for signum in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, forward)
+    status = None
+    while True:
+        try:
+            pid, code = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            continue
+        if pid == child:
+            status = code
+            _kill_all(me)  # ARGV is gone: nothing it left may stay
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    if status is None:
+        return 1
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        if signum != signal.SIGKILL:
+            signal.signal(signum, signal.SIG_DFL)
+        os.kill(me, signum)  # end as ARGV did
+        return 128 + signum
+    return os.waitstatus_to_exitcode(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
