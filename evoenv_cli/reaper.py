@@ -109,11 +109,11 @@ def main(argv: list[str]) -> int:
     if status is None:
         return 1
     if os.WIFSIGNALED(status):
-        signum = os.WTERMSIG(status)
-        if signum != signal.SIGKILL:
-            signal.signal(signum, signal.SIG_DFL)
-        os.kill(me, signum)  # end as ARGV did
-        return 128 + signum
+        ended_by = os.WTERMSIG(status)
+        if ended_by != signal.SIGKILL:
+            signal.signal(ended_by, signal.SIG_DFL)
+        os.kill(me, ended_by)  # end as ARGV did
+        return 128 + ended_by
     return os.waitstatus_to_exitcode(status)
 
 
