@@ -24,7 +24,7 @@ from pathlib import Path
 from evoenv_model.models import prepare_model
 from evoenv_model.serve import start_server
 from evoenv_worker.mechanical import validate_source
-from evoenv_worker.proposal_code import extract_code, prompt_text
+from evoenv_worker.proposal_code import written_code
 from evoenv_worker.sandbox.host import Sandbox
 from evoenv_worker.solver_completions import make_client
 from shared.config import Settings
@@ -99,7 +99,7 @@ def main() -> None:
                     messages,
                     Sampling(n=1, temperature=temperature, max_tokens=args.max_tokens),
                 )
-                code = extract_code(completion.text, prompt_text(messages)).encode()
+                code = written_code(completion.text).encode()  # as admission judges it
                 report = validate_source(code, "candidate.py", sandbox, settings)
                 funnel[report.failed_stage or "passed"] += 1
             rows.append((temperature, funnel, time.perf_counter() - started))

@@ -1,9 +1,8 @@
 """Generation groups: sample G candidates, then, when every candidate's admission is done,
-compare them in candidate order (in-group novelty), compute gamma and every reward, record the
-candidates in the archive and append the group to the rollout stream (generator role). A group
-the learner stops waiting for is finalised as expired instead (`expire_group`;
-docs/DESIGN.md#generation-groups).
-"""
+compare each with the earlier survivors of its group (in-group novelty), compute gamma and
+every reward, record the candidates and the group in the archive and append the group to the
+rollout stream (generator role). A group the learner stops waiting for is finalised as expired
+instead (`expire_group`; docs/DESIGN.md#generation-groups)."""
 
 from __future__ import annotations
 
@@ -13,10 +12,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
-from evoenv_worker.novelty import EnvEmbedding, group_novelty, similarity
+from evoenv_worker.novelty import EnvEmbedding, novelty, similarity
 from evoenv_worker.verdict import KEEP_SECONDS, admission_stats, embedding_of, generation_key
 from shared import keys
-from shared.config import AdmissionSettings, Settings
+from shared.config import Settings
 from shared.db import source_sha
 from shared.groups import GroupTracker
 from shared.inference import Sampling
@@ -47,7 +46,7 @@ log = structlog.get_logger(__name__)
 def propose(ctx: WorkerContext, job: ProposalJob) -> list[ValidateJob]:
     """Sample G candidates; open their generation group; one validation job per candidate
     (none for a group the learner gave up on, expired before or while its proposal ran)."""
-    from evoenv_worker.proposal_code import extract_code, prompt_text
+    from evoenv_worker.proposal_code import prompt_text, written_code
     from evoenv_worker.solver_completions import record
 
     tracker = GroupTracker(ctx.redis(), job.run)
@@ -86,7 +85,7 @@ def propose(ctx: WorkerContext, job: ProposalJob) -> list[ValidateJob]:
             ValidateJob(
                 job_id=f"{job.group_id}-{index}",
                 file=f"candidate_{job.group_id}_{index}.py",
-                source=extract_code(completion.text, prompt),
+                source=written_code(completion.text),
                 adhoc=False,
                 model_stages=True,
                 candidate=ref,
@@ -125,36 +124,30 @@ class Candidate:
 
 
 def finalize_group(ctx: WorkerContext, run: str, group_id: str) -> GradedGroup:
-    """Every candidate of a generation group is done: in-group novelty in candidate order,
-    gamma, the rewards, the archive, and one generator group on the rollout stream."""
+    """Every candidate of a generation group is done: in-group novelty in candidate order
+    against the survivors, gamma, the rewards, the archive, and one generator group on the
+    rollout stream."""
     settings, client = ctx.settings, ctx.redis()
     meta = json.loads(client.get(keys.candidate(run, generation_key(group_id))) or "{}")
     members = GroupTracker(client, run).results(generation_key(group_id))
     ordered = sorted(members.items(), key=lambda item: int(item[0]))
-    reports = [_report_of(member) for _, member in ordered]
-    embeddings = [
-        EnvEmbedding.from_json(embedding_of(r)) if r is not None else None for r in reports
-    ]
-    in_group = _in_group_novelty([p for p, _ in ordered], embeddings, settings.admission)
-    rows = [
-        _judge(ctx, group_id, position, member, report, embedding, near)
-        for (position, member), report, embedding, near in zip(
-            ordered, reports, embeddings, in_group, strict=True
-        )
-    ]
+    rows = _judge_in_order(ctx, group_id, ordered)
     gamma = _gamma(client, run, [r.embedding for r in rows if r.embedding is not None], settings)
     default = [{"text": ""}] * len(rows)
-    completions = [
+    graded = [
         _graded(ctx, row, meta, meta.get("completions", default)[index], gamma)
         for index, row in enumerate(rows)
     ]
+    completions = [completion for completion, _ in graded]
     group = _generator_group(run, group_id, meta, rows, completions, gamma)
     append_group(client, group)
+    _record_group(ctx, group, rows, [parts for _, parts in graded], gamma)
     log.info(
         "generation_group_done",
         group_id=group_id,
         funnel=[r.failed or "admitted" for r in rows],
         rewards=[c.reward for c in completions],
+        cases=[parts.case if parts else None for _, parts in graded],
     )
     return group
 
@@ -166,19 +159,30 @@ def _report_of(member: dict[str, Any] | None) -> ValidationReport | None:
     return None
 
 
-def _in_group_novelty(
-    positions: list[str], embeddings: list[EnvEmbedding | None], a: AdmissionSettings
-) -> list[tuple[float, str | None]]:
-    """Each candidate's maximum similarity to an earlier one of its group (candidate order,
-    `novelty.group_novelty`) and that one's position: (0.0, None) when it has no embedding or
-    nothing earlier to compare with (candidates without one are skipped)."""
-    present = [(p, e) for p, e in zip(positions, embeddings, strict=True) if e is not None]
-    results = group_novelty([e for _, e in present], (), a.novelty_gate, a.novelty_prompt_weight)
-    nearest = {
-        position: (result.similarity, None if result.index is None else present[result.index][0])
-        for (position, _), result in zip(present, results, strict=True)
-    }
-    return [nearest.get(position, (0.0, None)) for position in positions]
+def _judge_in_order(
+    ctx: WorkerContext, group_id: str, ordered: list[tuple[str, dict[str, Any] | None]]
+) -> list[Candidate]:
+    """Each candidate in candidate order, compared with the survivors before it: the earlier
+    siblings that passed every other stage (L1-L5, review, calibration, pool novelty) and were
+    not themselves rejected as too like a survivor or as a known file. A sibling that failed
+    blocks nothing: every candidate of a group is asked for the same task."""
+    a = ctx.settings.admission
+    survivors: list[tuple[str, EnvEmbedding]] = []
+    rows = []
+    for position, member in ordered:
+        report = _report_of(member)
+        embedding = EnvEmbedding.from_json(embedding_of(report)) if report is not None else None
+        nearest: tuple[float, str | None] = (0.0, None)
+        if embedding is not None and survivors:
+            earlier = [e for _, e in survivors]
+            found = novelty(embedding, (), earlier, a.novelty_gate, a.novelty_prompt_weight)
+            if found.index is not None:
+                nearest = (found.similarity, survivors[found.index][0])
+        row = _judge(ctx, group_id, position, member, report, embedding, nearest)
+        if row.failed is None and embedding is not None:
+            survivors.append((position, embedding))
+        rows.append(row)
+    return rows
 
 
 def _judge(
@@ -190,9 +194,11 @@ def _judge(
     embedding: EnvEmbedding | None,
     in_group: tuple[float, str | None],
 ) -> Candidate:
-    """What the group decides of one candidate: its funnel outcome and reward figures. A
-    candidate whose report said admitted but that the group rejects at novelty (too like an
-    earlier one, or the very file of a known environment) has its stored report amended."""
+    """What the group decides of one candidate: its funnel outcome and reward figures.
+    `in_group` is its largest similarity to an earlier survivor of its group and that one's
+    position. A candidate whose report said admitted but that the group rejects at novelty
+    (too like a survivor, or the very file of a known environment) has its stored report
+    amended."""
     a = ctx.settings.admission
     similarity_in_group, nearest = in_group
     stages = {s.stage: s for s in report.stages} if report else {}
@@ -223,31 +229,62 @@ def _judge(
     )
 
 
+def _failed_stages(row: Candidate) -> set[str]:
+    """Every stage a judged candidate failed: those its report says failed, and novelty when
+    the group rejected it there."""
+    failed: set[str] = {s.stage for s in row.report.stages if not s.ok} if row.report else set()
+    if row.failed == "novelty":
+        failed.add("novelty")
+    return failed
+
+
 def _graded(
     ctx: WorkerContext,
     row: Candidate,
     meta: dict[str, Any],
     completion: dict[str, Any],
     gamma: float,
-) -> GradedCompletion:
-    """One candidate's completion with its reward (none if its check could not run); a
-    scored candidate is recorded in the archive, its reward's parts with it."""
+) -> tuple[GradedCompletion, RewardParts | None]:
+    """One candidate's completion with its reward and the reward's parts (none if its check
+    could not run); a scored candidate is recorded in the archive, its reward's parts with
+    it."""
     if row.failed == "error":
-        return GradedCompletion(
+        unscored = GradedCompletion(
             **completion,
             reward=None,
             outcome="env_error",
             detail="the admission check could not run",
         )
+        return unscored, None
     a = ctx.settings.admission
-    parts = generator_reward(row.failed, row.pass_rate, row.similarity, gamma, a)
+    parts = generator_reward(_failed_stages(row), row.pass_rate, row.similarity, gamma, a)
     _record_candidate(ctx, row, meta, parts)
-    return GradedCompletion(
+    scored = GradedCompletion(
         **completion,
         reward=parts.total,
         outcome="scored",
         detail=row.failed or "admitted",
     )
+    return scored, parts
+
+
+def _record_group(
+    ctx: WorkerContext,
+    group: GradedGroup,
+    rows: list[Candidate],
+    parts: list[RewardParts | None],
+    gamma: float,
+) -> None:
+    """The group in the archive's metrics (kind `generation`, numbered in the order groups
+    are finalised): each candidate's outcome, reward and the reward's case, for the run
+    report."""
+    number = int(ctx.redis().incr(keys.generation_count(group.run)))
+    candidates = [
+        {"outcome": row.failed or "admitted", "reward": c.reward, "case": p.case if p else None}
+        for row, c, p in zip(rows, group.completions, parts, strict=True)
+    ]
+    values = {"group_id": group.group_id, "gamma": gamma, "candidates": candidates}
+    ctx.archive().record_metrics(group.run, number, "generation", group.policy_version, values)
 
 
 def _generator_group(
@@ -287,7 +324,7 @@ def expire_group(ctx: WorkerContext, run: str, group_id: str, reason: str) -> bo
     candidate whose admission was done gets its environment row, rejected with the funnel
     outcome `expired` and no reward; one still running gets a validation report with verdict
     `error` under its job id (so its own late report is not recorded). True if it expired."""
-    from evoenv_worker.proposal_code import extract_code
+    from evoenv_worker.proposal_code import written_code
 
     client = ctx.redis()
     if not GroupTracker(client, run).expire(generation_key(group_id)):
@@ -304,7 +341,7 @@ def expire_group(ctx: WorkerContext, run: str, group_id: str, reason: str) -> bo
             _record_candidate(ctx, row, meta, None, expired=why)
             continue
         completion = meta.get("completions", [])[int(position)]
-        source = extract_code(str(completion.get("text", "")), str(meta.get("prompt", "")))
+        source = written_code(str(completion.get("text", "")))
         expired = ValidationReport(
             file=f"candidate_{group_id}_{position}.py",
             name=None,

@@ -294,10 +294,9 @@ def group_novelty(
     gate: float = 0.80,
     prompt_weight: float = 0.5,
 ) -> list[NoveltyResult]:
-    """`novelty` of each candidate of a generation group, in candidate order.
-
-    `generation.finalize_group` passes an empty pool: each candidate's novelty stage already
-    compared it with the pool, so only the in-group comparison is left there.
+    """`novelty` of each candidate of a group, in candidate order, against the pool and every
+    earlier candidate. (`generation.finalize_group` compares each with its group's earlier
+    survivors only, through `novelty` itself.)
     """
     return [
         novelty(candidate, pool, candidates[:position], gate, prompt_weight)

@@ -1,8 +1,7 @@
 """The generator's side in the worker: getting the code back out of a proposal's response (the
-prompt itself is built by `shared/proposal_prompt.py`).
-
-A response is completed where it imitated its examples too closely: helpers and imports it uses
-but never defines are added (`with_missing_helpers`, `with_missing_imports`).
+prompt itself is built by `shared/proposal_prompt.py`). The candidate is the file as the model
+wrote it (`written_code`); what extraction would complete (`repairs`: helpers and imports it
+uses but never defines) only names, in a failing stage's detail, what the file lacked.
 """
 
 from __future__ import annotations
@@ -19,8 +18,8 @@ from shared.static import ALLOWED_MODULES, BASE_CLASS, BASE_MODULE
 
 
 def prompt_text(messages: Sequence[Mapping[str, str]]) -> str:
-    """A chat prompt as one text (what a generation group records, and where
-    `extract_code` finds the example files)."""
+    """A chat prompt as one text (what a generation group records, and where `repairs` finds
+    the example files)."""
     return "\n\n".join(m["content"] for m in messages)
 
 
@@ -28,16 +27,11 @@ _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTAL
 _START = re.compile(r"^(?:from|import|class|\"\"\"|#)\b", re.MULTILINE)
 
 
-def extract_code(text: str, prompt: str = "") -> str:
-    """The environment file in a response: the fenced block that defines a class (the last
-    such, else the longest fence), or an unterminated fence, or the text from the first line
-    that starts code; completed with `with_missing_helpers` (from the examples in `prompt`)
-    and `with_missing_imports`. Empty when there is nothing that looks like code (L1 rejects
-    it)."""
-    return with_missing_imports(with_missing_helpers(_code_in(text), prompt))
-
-
-def _code_in(text: str) -> str:
+def written_code(text: str) -> str:
+    """The environment file in a response, as the model wrote it (the candidate admission
+    judges and the generator is rewarded for): the fenced block that defines a class (the
+    last such, else the longest fence), or an unterminated fence, or the text from the first
+    line that starts code. Empty when there is nothing that looks like code (L1 rejects it)."""
     blocks = _FENCE.findall(text)
     with_class = [b for b in blocks if re.search(r"^class\s", b, re.MULTILINE)]
     if with_class:
@@ -51,39 +45,66 @@ def _code_in(text: str) -> str:
     return text[start.start() :].strip() + "\n" if start else ""
 
 
+def repaired_code(text: str, prompt: str = "") -> str:
+    """`written_code` completed with `with_missing_helpers` (from the examples in `prompt`)
+    and `with_missing_imports`: what the file would have been with the boilerplate it dropped.
+    Never judged or rewarded (the reward is for what the model wrote)."""
+    return with_missing_imports(with_missing_helpers(written_code(text), prompt))
+
+
+def repairs(text: str, prompt: str = "") -> list[str]:
+    """What `repaired_code` adds to the written file, each as one short text: the import
+    lines, then the example's helpers by name (`_parse_int (the example's helper)`); empty
+    when nothing is missing."""
+    code = written_code(text)
+    completed = with_missing_helpers(code, prompt)
+    helpers = missing_helpers(code, prompt) if completed != code else {}
+    imports = missing_imports(completed)
+    return [line.strip() for line in imports] + [f"{n} (the example's helper)" for n in helpers]
+
+
 def with_missing_helpers(code: str, prompt: str) -> str:
     """`code` with the module-level functions and constants of the example files shown in
     `prompt` that it calls but never defines, copied in above its first class (with those they
     use in turn). A proposal writes its own class and calls the example's `_parse_int` without
     defining it (L2: "name '_parse_int' is not defined", 5 of 44 candidates in a half-hour
-    `evoenv up` run): the helper it meant is the one it was shown. Code or examples that do not
-    parse are left as they are."""
+    `evoenv up` run): the helper it meant is the one it was shown (named in the failing
+    stage's detail, never judged: `repairs`). Code or examples that do not parse are left as
+    they are."""
+    added = missing_helpers(code, prompt)
+    if not added:
+        return code
+    tree = ast.parse(code)
+    first = next((node for node in tree.body if isinstance(node, ast.ClassDef)), None)
+    if first is None:
+        return code  # no class: L1 rejects it whatever is added
+    helpers = "".join(source + "\n\n\n" for source in added.values())
+    lines = code.splitlines(keepends=True)
+    at = min([first.lineno, *(d.lineno for d in first.decorator_list)]) - 1
+    return "".join(lines[:at]) + helpers + "".join(lines[at:])
+
+
+def missing_helpers(code: str, prompt: str) -> dict[str, str]:
+    """The example helpers (`shown_helpers`) that `code` calls but never defines, with those
+    they use in turn, by name in the order shown; empty when the code or no example parses."""
     shown = shown_helpers(prompt)
     if not shown:
-        return code
+        return {}
     try:
         tree = ast.parse(code)
     except SyntaxError:
-        return code
+        return {}
     bound, loaded = _names(tree)
     wanted = [name for name in shown if name in loaded - bound]
-    added: dict[str, str] = {}
+    added: set[str] = set()
     while wanted:
         name = wanted.pop(0)
         if name in added:
             continue
-        added[name] = shown[name]
+        added.add(name)
         _, uses = _names(ast.parse(shown[name]))
         wanted += [n for n in shown if n in uses - bound and n not in added]
-    if not added:
-        return code
-    first = next((node for node in tree.body if isinstance(node, ast.ClassDef)), None)
-    if first is None:
-        return code  # no class: L1 rejects it whatever is added
-    helpers = "".join(source + "\n\n\n" for name, source in shown.items() if name in added)
-    lines = code.splitlines(keepends=True)
-    at = min([first.lineno, *(d.lineno for d in first.decorator_list)]) - 1
-    return "".join(lines[:at]) + helpers + "".join(lines[at:])
+    return {name: source for name, source in shown.items() if name in added}
 
 
 @functools.lru_cache(maxsize=16)
@@ -123,13 +144,29 @@ def with_missing_imports(code: str) -> str:
     `Environment`. Imitating an example, the 0.5B generator drops `import random` /
     `import re` (L2: "name 're' is not defined"), `from collections import deque`, and now and
     then the base class's import (L1: "the file does not import Environment", 3 of 16
-    candidates in a half-hour `evoenv up` run): boilerplate, completed here so that the rest
-    of the file gets judged. Nothing else is changed; code that does not parse is returned as
-    it is (L1 reports it)."""
+    candidates in a half-hour `evoenv up` run). Such a file fails as written; what this adds
+    is only named in the failing stage's detail (`repairs`). Nothing else is changed; code
+    that does not parse is returned as it is."""
+    missing = missing_imports(code)
+    if not missing:
+        return code
+    tree = ast.parse(code)
+    body = tree.body
+    first = 0 if ast.get_docstring(tree, clean=False) is None else 1
+    while first < len(body) and _is_future_import(body[first]):
+        first += 1
+    lines = code.splitlines(keepends=True)
+    at = body[first].lineno - 1 if first < len(body) else len(lines)
+    return "".join(lines[:at]) + "".join(missing) + "".join(lines[at:])
+
+
+def missing_imports(code: str) -> list[str]:
+    """The import lines `with_missing_imports` adds to `code` (each ending in a newline);
+    empty when nothing is missing or the code does not parse."""
     try:
         tree = ast.parse(code)
     except SyntaxError:
-        return code
+        return []
     bound, loaded = _names(tree)
     attribute_of = {
         node.value.id
@@ -153,15 +190,7 @@ def with_missing_imports(code: str) -> str:
     }
     if BASE_CLASS in bases - bound:
         missing.append(f"from {BASE_MODULE} import {BASE_CLASS}\n")
-    if not missing:
-        return code
-    body = tree.body
-    first = 0 if ast.get_docstring(tree, clean=False) is None else 1
-    while first < len(body) and _is_future_import(body[first]):
-        first += 1
-    lines = code.splitlines(keepends=True)
-    at = body[first].lineno - 1 if first < len(body) else len(lines)
-    return "".join(lines[:at]) + "".join(missing) + "".join(lines[at:])
+    return missing
 
 
 _IMPORTABLE = ALLOWED_MODULES - {"__future__"}

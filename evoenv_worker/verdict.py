@@ -80,7 +80,30 @@ def after_mechanical(
         stage_job = begin(ctx, job, report)
         if stage_job is not None:
             return stage_job
-    return conclude_job(ctx, job, report)
+    return conclude_job(ctx, job, with_repairs_named(job, report))
+
+
+def with_repairs_named(job: ValidateJob, report: ValidationReport) -> ValidationReport:
+    """A generated candidate that failed L1-L5, with its failing stage's detail naming what
+    extraction would have completed (`proposal_code.repairs`: dropped imports, the example's
+    helpers). The file was judged, and is rewarded, as written; this only says what it lacked.
+    Any other report is returned as it is."""
+    from evoenv_worker.proposal_code import repairs
+
+    ref = job.candidate
+    if ref is None or report.verdict != "rejected" or report.failed_stage is None:
+        return report
+    added = repairs(ref.completion.text, ref.prompt)
+    if not added:
+        return report
+    note = f" (judged as written; it lacks what extraction would add: {'; '.join(added)})"
+    stages = [
+        stage.model_copy(update={"detail": stage.detail + note})
+        if stage.stage == report.failed_stage
+        else stage
+        for stage in report.stages
+    ]
+    return report.model_copy(update={"stages": stages})
 
 
 def begin(ctx: WorkerContext, job: ValidateJob, report: ValidationReport) -> StageJob | None:

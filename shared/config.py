@@ -218,12 +218,18 @@ class AdmissionSettings(BaseModel):
     """Mean in-group similarity mapped to the low and high end of gamma_range."""
     repetition_window: int = Field(8, ge=1)
     """Generation groups over which repetitiveness is averaged."""
-    reward_fail_static: float = -1.0
-    """Generator reward of a candidate failing L1, L2, L3 or L4."""
+    reward_fail_l1: float = -1.0
+    """Generator reward of a candidate failing L1 (static): the lowest of the table."""
+    reward_fail_l2: float = -0.9
+    """Generator reward of a candidate failing L2 (executes): it got further than L1."""
+    reward_fail_l3: float = -0.8
+    """Generator reward of a candidate failing L3 (deterministic)."""
+    reward_fail_l4: float = -0.7
+    """Generator reward of a candidate failing L4 (non-trivial, well-posed)."""
     reward_fail_scorer: float = -0.5
-    """Generator reward of a candidate failing L5."""
+    """Generator reward of a candidate failing L5, and of one too similar (a copy): no Q, no B."""
     reward_pass: float = 1.0
-    """Base generator reward of a candidate passing L1-L5 (plus Q and B)."""
+    """Base generator reward of a new candidate passing L1-L5 (plus Q, and B if calibrated)."""
     serving_rounds: int = Field(4, ge=0)
     """Rounds of the serving-difficulty search after admission (0: serve at calibration level)."""
 

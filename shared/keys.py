@@ -63,3 +63,9 @@ def final_report(job_id: str) -> str:
 def repetition(run: str) -> str:
     """List of recent generation groups' mean in-group similarity (gamma's input)."""
     return f"{PREFIX}:{run}:repetition"
+
+
+def generation_count(run: str) -> str:
+    """Counter of the generation groups finalised in a run: each one's row in the archive's
+    metrics (kind `generation`) is numbered by it."""
+    return f"{PREFIX}:{run}:generation_count"

@@ -1,28 +1,31 @@
-"""The generator's reward (docs/DESIGN.md#the-generators-reward): pure functions, no I/O.
+"""The generator's reward (docs/CONTRACT.md#the-generators-reward): pure functions, no I/O.
 
-`generator_reward` makes one candidate's reward from the first stage it failed: a fixed
-penalty for L1-L4 or L5, else `reward_pass` + Q (`quality`) + B (`novelty_bonus`, scaled by
-gamma from `RepetitionTracker`). Review verdicts never enter it.
+`generator_reward` makes one candidate's reward from the stages it failed and its figures: a
+penalty graded by how far it got (L1-L5), the L5 figure for a copy, else `reward_pass` + Q
+(`quality`), + B (`novelty_bonus`, gamma from `RepetitionTracker`) when calibrated.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Iterable, Sequence
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     from shared.config import AdmissionSettings
 
-STATIC_STAGES = ("L1", "L2", "L3", "L4")
-"""Failing one of these earns `reward_fail_static`."""
-SCORER_STAGE = "L5"
-"""Failing this earns `reward_fail_scorer`."""
+FAILURE_STAGES = ("L1", "L2", "L3", "L4", "L5")
+"""Failing one of these earns its own figure (`reward_fail_l1` ... `reward_fail_scorer`)."""
 MODEL_STAGES = ("review", "calibration", "novelty")
-"""Failing one of these still earns the pass reward: the candidate passed L1-L5."""
+"""Stages run once L1-L5 pass; all three run, so a candidate may fail several of them."""
+STAGES = (*FAILURE_STAGES, *MODEL_STAGES)
+
+RewardCase = Literal["L1", "L2", "L3", "L4", "L5", "too similar", "calibration", "new"]
+"""The case of the reward table that paid a reward: the L1-L5 stage it failed, a copy (too
+similar), passed L1-L5 but calibration outside 0 < a < 1, or passed and calibrated."""
 
 
 class RewardParts(BaseModel):
@@ -33,15 +36,17 @@ class RewardParts(BaseModel):
     total: float
     """The reward the generator is trained with."""
     base: float
-    """The table's entry for how far the candidate got."""
+    """The table's entry for its case."""
     quality: float | None = None
-    """Q; None when the candidate failed L1-L5 or calibration produced no pass rate."""
+    """Q; None for a failure or a copy, or when calibration produced no pass rate."""
     bonus: float | None = None
-    """B; None when the candidate failed L1-L5 or novelty produced no similarity."""
+    """B; None unless the candidate is new and calibrated and novelty produced a similarity."""
     gamma: float | None = None
     """The gamma B was computed with (None when B was not)."""
     failed_stage: str | None = None
     """The first stage the candidate failed (None: every stage passed)."""
+    case: RewardCase | None = None
+    """The case of the table that paid it (None: recorded before the cases were named)."""
 
 
 def quality(a: float, settings: AdmissionSettings) -> float:
@@ -77,46 +82,66 @@ def gamma_for(repetitiveness: float | None, settings: AdmissionSettings) -> floa
 
 
 def generator_reward(
-    failed_stage: str | None,
+    failed: Collection[str],
     pass_rate: float | None,
     similarity: float | None,
     gamma: float,
     settings: AdmissionSettings,
 ) -> RewardParts:
-    """The generator's reward of one candidate, from the first stage it failed (None: none).
+    """The generator's reward of one candidate from `failed`, every stage it failed (L1-L5
+    stop at the first failure; review, calibration and novelty all run once L1-L5 pass), its
+    calibration pass rate and its novelty similarity s (the larger of pool and in-group).
 
-    `pass_rate` and `similarity` are the calibration and novelty figures; they are only used
-    when the candidate passed L1-L5 (review, calibration or novelty may still have rejected it:
-    the reward ignores that). A figure that is None (calibration or novelty lost to an
+    The table (docs/CONTRACT.md#the-generators-reward), first match wins:
+
+    - failed L1, L2, L3, L4 or L5: that stage's figure, graded by how far the file got;
+    - too similar (failed novelty, or s at the gate or above): the L5 figure, no Q, no B,
+      whatever review and calibration said;
+    - failed calibration: `reward_pass` + Q;
+    - else: `reward_pass` + Q + B.
+
+    Review verdicts never enter it. A figure that is None (calibration or novelty lost to an
     infrastructure failure) adds nothing; the parts record it as None. Raises ValueError for a
     stage name the contract does not know.
     """
-    if failed_stage in STATIC_STAGES:
-        return RewardParts(
-            total=settings.reward_fail_static,
-            base=settings.reward_fail_static,
-            failed_stage=failed_stage,
-        )
-    if failed_stage == SCORER_STAGE:
-        return RewardParts(
-            total=settings.reward_fail_scorer,
-            base=settings.reward_fail_scorer,
-            failed_stage=failed_stage,
-        )
-    if failed_stage is not None and failed_stage not in MODEL_STAGES:
-        known = ", ".join((*STATIC_STAGES, SCORER_STAGE, *MODEL_STAGES))
-        raise ValueError(f"unknown stage {failed_stage!r}; expected one of {known} or None")
+    unknown = sorted(set(failed) - set(STAGES))
+    if unknown:
+        raise ValueError(f"unknown stage {unknown[0]!r}; expected some of {', '.join(STAGES)}")
+    first = next((stage for stage in STAGES if stage in failed), None)
+    for stage in FAILURE_STAGES:
+        if stage in failed:
+            figure = _failure_figure(stage, settings)
+            return RewardParts(total=figure, base=figure, failed_stage=first, case=stage)
+    if "novelty" in failed or (similarity is not None and similarity >= settings.novelty_gate):
+        figure = settings.reward_fail_scorer
+        return RewardParts(total=figure, base=figure, failed_stage=first, case="too similar")
     q = None if pass_rate is None else quality(pass_rate, settings)
-    b = None if similarity is None else novelty_bonus(similarity, gamma, settings)
     base = settings.reward_pass
+    if "calibration" in failed:
+        return RewardParts(
+            total=base + (q or 0.0), base=base, quality=q, failed_stage=first, case="calibration"
+        )
+    b = None if similarity is None else novelty_bonus(similarity, gamma, settings)
     return RewardParts(
         total=base + (q or 0.0) + (b or 0.0),
         base=base,
         quality=q,
         bonus=b,
         gamma=None if b is None else gamma,
-        failed_stage=failed_stage,
+        failed_stage=first,
+        case="new",
     )
+
+
+def _failure_figure(stage: str, settings: AdmissionSettings) -> float:
+    """The reward of a candidate whose first failure is `stage` (one of L1-L5)."""
+    return {
+        "L1": settings.reward_fail_l1,
+        "L2": settings.reward_fail_l2,
+        "L3": settings.reward_fail_l3,
+        "L4": settings.reward_fail_l4,
+        "L5": settings.reward_fail_scorer,
+    }[stage]
 
 
 def mean_pairwise_similarity(matrix: Sequence[Sequence[float]]) -> float | None:

@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from evoenv_worker.mechanical import validate_source
-from evoenv_worker.proposal_code import extract_code, with_missing_helpers, with_missing_imports
+from evoenv_worker.proposal_code import (
+    repaired_code,
+    repairs,
+    with_missing_helpers,
+    with_missing_imports,
+    written_code,
+)
 from evoenv_worker.review import parse_verdict, review_messages, summarise
 from evoenv_worker.sandbox.host import Sandbox
 from shared.config import Settings
@@ -40,8 +46,9 @@ CLASS = "from shared.environment import Environment\n\nclass A(Environment):\n  
         ("I cannot help with that.", ""),
     ],
 )
-def test_extract_code(response: str, expected: str) -> None:
-    assert extract_code(response).strip() == expected.strip()
+def test_written_code(response: str, expected: str) -> None:
+    assert written_code(response).strip() == expected.strip()
+    assert repaired_code(response).strip() == expected.strip()  # nothing missing
 
 
 DROPPED_IMPORTS = """\
@@ -68,7 +75,7 @@ def _parse(json: str) -> int:
 
 
 def test_extraction_adds_the_standard_imports_a_proposal_dropped() -> None:
-    code = extract_code(f"```python\n{DROPPED_IMPORTS}```")
+    code = repaired_code(f"```python\n{DROPPED_IMPORTS}```")
     lines = code.splitlines()
     base = lines.index("from shared.environment import Environment")
     added = lines[base - 3 : base]  # after the docstring and the __future__ import
@@ -87,7 +94,7 @@ def test_extraction_adds_the_base_class_import_a_proposal_dropped() -> None:
         source = seed.read_text("utf-8")
         dropped = source.replace("from shared.environment import Environment\n", "")
         assert not check_static(dropped.encode(), 64 * 1024).ok  # L1: no Environment import
-        code = extract_code(f"```python\n{dropped}```")
+        code = repaired_code(f"```python\n{dropped}```")
         assert check_static(code.encode(), 64 * 1024).ok, seed.name
         assert code.count("from shared.environment import Environment") == 1
     aliased = "from shared.environment import Environment as Base\n\n\nclass A(Base):\n    pass\n"
@@ -106,7 +113,7 @@ def test_a_proposal_calling_its_example_helpers_gets_them_and_passes_l1_to_l5() 
             (cls,) = [node for node in tree.body if isinstance(node, ast.ClassDef)]
             class_only = ast.get_source_segment(source, cls) or ""
             prompt = proposal_messages([Example(path.stem, "equality", source, "x")])[-1]
-            code = extract_code(f"```python\n{class_only}\n```", prompt["content"])
+            code = repaired_code(f"```python\n{class_only}\n```", prompt["content"])
             report = validate_source(code.encode(), path.name, box, settings)
             assert report.failed_stage is None, (path.name, report.stages[-1].detail, code)
             completed += code.count("\ndef ") > 0
@@ -124,6 +131,19 @@ def test_helpers_come_only_from_the_prompt_and_only_when_called() -> None:
     own = "def _clip(x):\n    return x\n\n\n" + calls  # defined its own: kept as it is
     assert with_missing_helpers(own, prompt) == own
     assert with_missing_helpers(calls, "") == calls  # no examples: nothing to add
+
+
+def test_repairs_name_what_extraction_would_add_and_the_candidate_is_as_written() -> None:
+    response = f"```python\n{DROPPED_IMPORTS}```"
+    assert written_code(response) == DROPPED_IMPORTS  # the candidate: nothing added
+    assert repairs(response) == ["import collections", "import random", "import re"]
+    prompt = "```python\nLIMIT = 3\n\n\ndef _clip(x):\n    return min(x, LIMIT)\n```"
+    calls = "import math\n\n\nclass A:\n    def f(self, x):\n        return _clip(x)\n"
+    assert repairs(f"```python\n{calls}```", prompt) == [
+        "LIMIT (the example's helper)",
+        "_clip (the example's helper)",
+    ]
+    assert repairs(f"```python\n{SEEDS[0].read_text('utf-8')}```", prompt) == []
 
 
 def test_bare_names_of_allowlisted_modules_are_imported() -> None:

@@ -1,4 +1,4 @@
-"""The generator's reward table (docs/DESIGN.md#the-generators-reward), with Q, B and gamma
+"""The generator's reward table (docs/CONTRACT.md#the-generators-reward), with Q, B and gamma
 computed by hand."""
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ import pytest
 
 from shared.config import AdmissionSettings
 from shared.rewards import (
+    FAILURE_STAGES,
+    STAGES,
     RepetitionTracker,
     gamma_for,
     generator_reward,
@@ -89,46 +91,77 @@ def test_group_rewards_match_the_table() -> None:
     gamma = tracker.gamma(S)
     assert gamma == pytest.approx(3.5)  # repetitiveness 0.5: halfway from 2 to 5
 
-    # (failed stage, calibration pass rate, novelty similarity) -> expected reward
-    group = [
-        ("L1", None, None, -1.0),
-        ("L2", None, None, -1.0),
-        ("L3", 0.3, 0.1, -1.0),  # figures are ignored below L5
-        ("L4", None, None, -1.0),
-        ("L5", 0.3, 0.1, -0.5),
-        # passes L1-L5: 1 + Q + B whatever review, calibration or novelty decide
-        ("review", 0.3, 0.3, 1.0 + 1.0 + 0.35),  # B = 0.1 x 3.5 x 1
-        ("calibration", 0.0, 0.5, 1.0 + Q_AT_0 + 0.2625),  # a = 0: not admitted, Q still paid
-        ("calibration", 1.0, 0.5, 1.0 + Q_AT_1 + 0.2625),  # B = 0.1 x 3.5 x 0.75
-        ("novelty", 0.5, 0.85, 1.0 + Q_AT_05 + 0.0),  # near-copy: no bonus
-        (None, 0.25, 0.55, 1.0 + Q_AT_025 + 0.175),  # admitted; B = 0.1 x 3.5 x 0.5
+    # (stages failed, calibration pass rate, novelty similarity) -> (expected reward, case)
+    group: list[tuple[set[str], float | None, float | None, float, str]] = [
+        ({"L1"}, None, None, -1.0, "L1"),
+        ({"L2"}, None, None, -0.9, "L2"),
+        ({"L3"}, 0.3, 0.1, -0.8, "L3"),  # figures are ignored below L5
+        ({"L4"}, None, None, -0.7, "L4"),
+        ({"L5"}, 0.3, 0.1, -0.5, "L5"),
+        # a copy earns the L5 figure, whatever review and calibration said
+        ({"novelty"}, 0.3, 1.0, -0.5, "too similar"),
+        (set(), 0.3, 0.80, -0.5, "too similar"),  # at the gate (an in-group copy)
+        ({"review", "calibration"}, 0.0, 0.95, -0.5, "too similar"),
+        # passed L1-L5, calibration outside 0 < a < 1: 1 + Q, no B
+        ({"calibration"}, 0.0, 0.5, 1.0 + Q_AT_0, "calibration"),
+        ({"calibration", "review"}, 1.0, 0.3, 1.0 + Q_AT_1, "calibration"),
+        # new and calibrated: 1 + Q + B, whatever review said
+        ({"review"}, 0.3, 0.3, 1.0 + 1.0 + 0.35, "new"),  # B = 0.1 x 3.5 x 1
+        (set(), 0.25, 0.55, 1.0 + Q_AT_025 + 0.175, "new"),  # B = 0.1 x 3.5 x 0.5
+        (set(), 0.5, 0.79, 1.0 + Q_AT_05 + 0.0, "new"),  # just below the gate: no bonus
     ]
-    for stage, a, s, expected in group:
-        parts = generator_reward(stage, a, s, gamma, S)
-        assert parts.total == pytest.approx(expected, abs=1e-12), (stage, a, s)
-        assert parts.failed_stage == stage
-        if stage in ("L1", "L2", "L3", "L4", "L5"):
+    for failed, a, s, expected, case in group:
+        parts = generator_reward(failed, a, s, gamma, S)
+        assert parts.total == pytest.approx(expected, abs=1e-12), (failed, a, s)
+        assert parts.case == case, (failed, a, s)
+        first = [stage for stage in STAGES if stage in failed]
+        assert parts.failed_stage == (first[0] if first else None)
+        if case in ("L1", "L2", "L3", "L4", "L5", "too similar"):
             assert parts.quality is None and parts.bonus is None and parts.total == parts.base
         else:
             assert parts.base == 1.0
             assert parts.total == pytest.approx(1.0 + (parts.quality or 0) + (parts.bonus or 0))
+    totals = [generator_reward(f, a, s, gamma, S).total for f, a, s, _, _ in group]
+    assert totals[:5] == sorted(totals[:5])  # graded: each later stage above the one before
+    assert max(totals[:8]) < min(totals[8:])  # every failure and copy below any valid file
+
+
+def test_review_verdicts_never_change_a_reward() -> None:
+    for failed, a, s in [
+        (set(), 0.25, 0.3),
+        ({"calibration"}, 0.0, 0.3),
+        ({"novelty"}, 0.25, 1.0),
+        (set(), 0.25, 0.9),
+    ]:
+        assert generator_reward(failed | {"review"}, a, s, 2.0, S).total == (
+            generator_reward(failed, a, s, 2.0, S).total
+        )
 
 
 def test_missing_figures_add_nothing_and_unknown_stages_raise() -> None:
-    parts = generator_reward("calibration", None, 0.3, 2.0, S)
+    parts = generator_reward({"calibration"}, None, 0.3, 2.0, S)
+    assert parts.quality is None and parts.bonus is None and parts.total == pytest.approx(1.0)
+    parts = generator_reward((), None, 0.3, 2.0, S)
     assert parts.quality is None and parts.bonus == pytest.approx(0.2)
     assert parts.total == pytest.approx(1.2)
-    parts = generator_reward(None, 0.3, None, 2.0, S)
+    parts = generator_reward((), 0.3, None, 2.0, S)
     assert parts.bonus is None and parts.gamma is None and parts.total == pytest.approx(2.0)
     with pytest.raises(ValueError, match="unknown stage"):
-        generator_reward("L6", None, None, 2.0, S)
+        generator_reward({"L6"}, None, None, 2.0, S)
 
 
 def test_coefficients_are_settings() -> None:
     custom = AdmissionSettings(
-        reward_fail_static=-2.0, reward_fail_scorer=-0.25, reward_pass=0.5, bonus_scale=0.2
+        reward_fail_l1=-2.0,
+        reward_fail_l2=-1.5,
+        reward_fail_l3=-1.25,
+        reward_fail_l4=-1.1,
+        reward_fail_scorer=-0.25,
+        reward_pass=0.5,
+        bonus_scale=0.2,
     )
-    assert generator_reward("L2", None, None, 2.0, custom).total == -2.0
-    assert generator_reward("L5", None, None, 2.0, custom).total == -0.25
+    figures = [generator_reward({s}, None, None, 2.0, custom).total for s in FAILURE_STAGES]
+    assert figures == [-2.0, -1.5, -1.25, -1.1, -0.25]
+    assert generator_reward({"novelty"}, 0.3, 1.0, 2.0, custom).total == -0.25
     # 0.5 + Q(0.3) + 0.2 x 2 x 1
-    assert generator_reward(None, 0.3, 0.0, 2.0, custom).total == pytest.approx(1.9)
+    assert generator_reward((), 0.3, 0.0, 2.0, custom).total == pytest.approx(1.9)
