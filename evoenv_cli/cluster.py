@@ -92,6 +92,9 @@ def worker(
         concurrency = settings.worker.generation_threads if io_only else settings.worker.concurrency
     node = name or f"{'-'.join(wanted)}-{os.getpid()}@%h"
     app = _app(settings)
+    from evoenv_worker import watchdog
+
+    watchdog.start(settings)  # a stopping worker whose broker is gone ends within seconds
     app.worker_main(
         [
             "worker",

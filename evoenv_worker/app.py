@@ -14,7 +14,7 @@ import structlog
 from celery import Celery, signals
 from kombu import Queue
 
-from evoenv_worker import broker
+from evoenv_worker import broker, watchdog
 from shared import keys, routes
 from shared.config import Settings
 from shared.logging import configure_logging
@@ -73,6 +73,11 @@ def _bind_task(task_id: str | None = None, task: Any = None, **_: Any) -> None:
 @signals.task_postrun.connect
 def _unbind_task(**_: Any) -> None:
     structlog.contextvars.clear_contextvars()
+
+
+@signals.worker_shutting_down.connect
+def _stopping(**_: Any) -> None:
+    watchdog.stopping()  # a broker gone from now on ends the worker at once
 
 
 @signals.worker_process_init.connect

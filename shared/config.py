@@ -124,6 +124,10 @@ class WorkerSettings(BaseModel):
     """Deliveries (first run, redeliveries, retries) after which a job goes to the dead letters."""
     connect_timeout: float = Field(5.0, gt=0)
     """Seconds to wait for Redis before saying it is unreachable."""
+    broker_gone_grace: float = Field(3.0, ge=0)
+    """Seconds a stopping worker waits for an unreachable broker before it ends, pool included."""
+    stop_with_parent: bool = True
+    """Stop (warm shutdown) when the process that started the worker ends (off: `nohup` use)."""
 
     @property
     def complete_wall_limit(self) -> float:
