@@ -1,6 +1,6 @@
 """Role-conditioned GRPO as pure tensor functions (docs/DESIGN.md#trainer): group advantages,
-token log-probs and the clipped loss. Nothing here touches a model, a device or the settings
-object beyond reading numbers.
+per-role token weights, token log-probs and the clipped loss. Nothing here touches a model, a
+device or the settings object beyond reading numbers.
 """
 
 from __future__ import annotations
@@ -59,6 +59,32 @@ def group_advantages(
     return advantages.to(torch.float32)
 
 
+def role_token_weights(roles: Sequence[Role], lengths: Sequence[int]) -> list[float]:
+    """What each completion token of each sequence weighs in a step's loss: each role's loss
+    is the mean over its own tokens, and the roles are combined by their share of the step's
+    sequences. Sequence i of role r (n_r of the N sequences, T_r tokens) gets
+
+        w_i = (n_r / N) / T_r
+
+    so the weights of all tokens add up to 1, a role's weight does not move with its
+    completions' lengths (a 1,200-token environment file and a 120-token answer push alike,
+    as their advantages say), and a step of one role, or of equal lengths, is the plain
+    token mean. Sequences without tokens weigh nothing."""
+    if len(roles) != len(lengths):
+        raise ValueError(f"{len(roles)} roles for {len(lengths)} lengths")
+    sequences: dict[str, int] = {}
+    tokens: dict[str, int] = {}
+    for role, length in zip(roles, lengths, strict=True):
+        if length > 0:
+            sequences[role] = sequences.get(role, 0) + 1
+            tokens[role] = tokens.get(role, 0) + length
+    total = sum(sequences.values())
+    return [
+        (sequences[role] / total) / tokens[role] if length > 0 else 0.0
+        for role, length in zip(roles, lengths, strict=True)
+    ]
+
+
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[target] at every position: logits [..., V], targets [...] -> [...].
     The logits are already divided by the temperature.
@@ -103,6 +129,7 @@ def grpo_loss(
     ref_logprobs: torch.Tensor | None = None,
     *,
     num_tokens: float | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossMetrics]:
     """The clipped-surrogate loss, to be minimised: token-level clipped importance ratios
     against the behaviour log-probs (PPO with DAPO's clip-higher), averaged over the batch's
@@ -117,7 +144,9 @@ def grpo_loss(
 
     summed over the tokens where `mask` is true and divided by `num_tokens` (default: the
     number of such tokens). Under gradient accumulation pass the whole batch's token count as
-    `num_tokens`, so the micro-batch losses add up to the batch's token mean.
+    `num_tokens`, so the micro-batch losses add up to the batch's token mean. `token_weights`
+    ([B], what each token of each sequence weighs: `role_token_weights` of the whole batch)
+    replaces that division: the weighted sum, whose micro-batch parts add up as well.
     """
     mask_f = mask.to(new_logprobs.dtype)
     if advantages.dim() == 1:
@@ -125,6 +154,11 @@ def grpo_loss(
     advantages = advantages.to(new_logprobs.dtype)
     tokens = int(mask.sum().item())
     denominator = float(num_tokens) if num_tokens is not None else float(max(tokens, 1))
+    if token_weights is not None:
+        mask_w = mask_f * token_weights.to(new_logprobs.dtype).unsqueeze(-1)
+        denominator = 1.0
+    else:
+        mask_w = mask_f
 
     log_ratio = torch.clamp(new_logprobs - old_logprobs, -MAX_LOG_RATIO, MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio)
@@ -132,14 +166,14 @@ def grpo_loss(
     unclipped_term = ratio * advantages
     clipped_term = clipped_ratio * advantages
     per_token = -torch.minimum(unclipped_term, clipped_term)
-    policy_loss = (per_token * mask_f).sum() / denominator
+    policy_loss = (per_token * mask_w).sum() / denominator
 
     kl_mean = 0.0
     loss = policy_loss
     if ref_logprobs is not None:
         delta = torch.clamp(ref_logprobs - new_logprobs, -MAX_LOG_RATIO, MAX_LOG_RATIO)
         k3 = torch.exp(delta) - delta - 1.0
-        loss = loss + kl_coef * (k3 * mask_f).sum() / denominator
+        loss = loss + kl_coef * (k3 * mask_w).sum() / denominator
         kl_mean = _masked_mean(k3, mask_f, tokens)
 
     with torch.no_grad():

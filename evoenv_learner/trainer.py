@@ -12,7 +12,7 @@ import shutil
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,14 @@ from evoenv_learner.checkpoints import (
     tensor_bytes,
 )
 from evoenv_learner.distributed import DataParallel
-from evoenv_learner.grpo import Role, group_advantages, grpo_loss, token_entropy, token_logprobs
+from evoenv_learner.grpo import (
+    Role,
+    group_advantages,
+    grpo_loss,
+    role_token_weights,
+    token_entropy,
+    token_logprobs,
+)
 from evoenv_learner.logprobs import head_logprobs
 from evoenv_learner.lora import (
     ADAPTER_DIR,
@@ -67,6 +74,10 @@ class TrainSequence:
     """Behaviour log-probs, one per completion token."""
     advantage: float
     temperature: float
+    role: Role = "solver"
+    """The role of its group."""
+    token_weight: float = 0.0
+    """What each of its completion tokens weighs in the step's loss (`role_token_weights`)."""
 
 
 @dataclass(slots=True)
@@ -216,8 +227,9 @@ class Trainer:
         sequences (prompt_token_ids + token_ids as they came from the server, never
         re-tokenised; `env_error` completions left out) -> micro-batches, each a forward pass at
         the training temperature, the GRPO loss over completion tokens only, backward (gradients
-        accumulate over the whole batch, the loss normalised by the batch's token count) ->
-        gradient clipping -> one AdamW step.
+        accumulate over the whole batch; each role's loss is the mean over its own tokens, the
+        roles weighed by their share of the batch's sequences) -> gradient clipping -> one
+        AdamW step.
         """
         if self.parallel is not None and self.parallel.leader:
             self.parallel.broadcast(("step", list(groups)))
@@ -275,8 +287,9 @@ class Trainer:
         return metrics
 
     def _accumulate(self, sequences: Sequence[TrainSequence], metrics: StepMetrics) -> None:
-        """Forward and backward over one micro-batch; its loss is normalised by the whole
-        batch's token count (`metrics.tokens`), so gradients and figures add up."""
+        """Forward and backward over one micro-batch; its tokens carry the weights computed
+        over the whole batch (`TrainSequence.token_weight`), so gradients add up to the
+        batch's loss; its figures are token means over the batch (`metrics.tokens`)."""
         batch = _collate(sequences, self.device)
         logprobs, entropy = self._logprobs(self.model, batch, with_entropy=self.compute_entropy)
         ref_logprobs = self._reference_logprobs(batch)
@@ -289,7 +302,7 @@ class Trainer:
             self.settings.clip_high,
             self.settings.kl_coef,
             ref_logprobs,
-            num_tokens=metrics.tokens,
+            token_weights=batch.token_weights,
         )
         loss.backward()
         weight = part.tokens / metrics.tokens
@@ -366,8 +379,13 @@ class Trainer:
                         old_logprobs=list(completion.logprobs),
                         advantage=advantage,
                         temperature=self.temperatures[group.role],
+                        role=group.role,
                     )
                 )
+        weights = role_token_weights(
+            [s.role for s in sequences], [len(s.completion) for s in sequences]
+        )
+        sequences = [replace(s, token_weight=w) for s, w in zip(sequences, weights, strict=True)]
         return sequences, skipped, env_errors
 
     def _logprobs(
@@ -615,6 +633,8 @@ class _Batch:
     old_logprobs: torch.Tensor
     advantages: torch.Tensor
     temperatures: torch.Tensor
+    token_weights: torch.Tensor
+    """[B] what each completion token of a row weighs in the loss."""
 
 
 def _collate(sequences: Sequence[TrainSequence], device: torch.device) -> _Batch:
@@ -648,6 +668,7 @@ def _collate(sequences: Sequence[TrainSequence], device: torch.device) -> _Batch
         old_logprobs=old.to(device),
         advantages=torch.tensor([s.advantage for s in sequences], dtype=torch.float32).to(device),
         temperatures=torch.tensor([s.temperature for s in sequences]).to(device),
+        token_weights=torch.tensor([s.token_weight for s in sequences]).to(device),
     )
 
 

@@ -13,6 +13,7 @@ import torch
 from evoenv_learner.grpo import (
     group_advantages,
     grpo_loss,
+    role_token_weights,
     token_entropy,
     token_logprobs,
 )
@@ -186,6 +187,58 @@ def test_num_tokens_makes_micro_batches_add_up() -> None:
     assert (first + second).item() == pytest.approx(0.02 / 6, abs=1e-6)
     assert new.grad is not None
     assert new.grad[0].tolist() == pytest.approx(EXPECTED_GRAD, abs=1e-6)
+
+
+def test_role_token_weights_make_each_role_a_token_mean_weighed_by_its_sequences() -> None:
+    # 3 solver answers of 2, 2 and 4 tokens (8), 1 environment file of 40: the solver holds
+    # 3/4 of the sequences, the generator 1/4, whatever their lengths.
+    weights = role_token_weights(["solver", "solver", "generator", "solver"], [2, 2, 40, 4])
+    assert weights == pytest.approx([0.75 / 8, 0.75 / 8, 0.25 / 40, 0.75 / 8])
+    assert sum(w * n for w, n in zip(weights, [2, 2, 40, 4], strict=True)) == pytest.approx(1.0)
+    longer = role_token_weights(["solver", "solver", "generator", "solver"], [2, 2, 80, 4])
+    assert longer[2] * 80 == pytest.approx(weights[2] * 40)  # the generator's total: 1/4
+    assert longer[0] == weights[0]
+    # one role, or equal lengths: the plain token mean
+    assert role_token_weights(["solver"] * 3, [1, 2, 5]) == pytest.approx([1 / 8] * 3)
+    assert role_token_weights(["solver", "generator"], [5, 5]) == pytest.approx([0.1, 0.1])
+    assert role_token_weights(["solver", "generator"], [4, 0]) == [0.25, 0.0]
+    with pytest.raises(ValueError):
+        role_token_weights(["solver"], [1, 2])
+
+
+def test_token_weights_replace_the_token_count_and_micro_batches_add_up() -> None:
+    # weights 1/6 on every token: the batch's token mean, in two micro-batches as in one
+    new, old = _tokens(RATIOS)
+    advantages = torch.tensor([ADVANTAGES])
+    parts = [
+        grpo_loss(
+            new[:, span],
+            old[:, span],
+            advantages[:, span],
+            torch.ones(1, span.stop - span.start, dtype=torch.bool),
+            0.2,
+            0.28,
+            token_weights=torch.tensor([1 / 6]),
+        )[0]
+        for span in (slice(0, 4), slice(4, 6))
+    ]
+    (parts[0] + parts[1]).backward()
+    assert (parts[0] + parts[1]).item() == pytest.approx(0.02 / 6, abs=1e-6)
+    assert new.grad is not None
+    assert new.grad[0].tolist() == pytest.approx(EXPECTED_GRAD, abs=1e-6)
+    # two sequences weighed 0.5 / 3 and 0.5 / 1: on-policy, -(0.5 x 2 + 0.5 x -1) = -0.5
+    two = torch.full((2, 3), -0.5, requires_grad=True)
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    loss, _ = grpo_loss(
+        two,
+        two.detach(),
+        torch.tensor([2.0, -1.0]),
+        mask,
+        0.2,
+        0.28,
+        token_weights=torch.tensor([0.5 / 3, 0.5]),
+    )
+    assert loss.item() == pytest.approx(-0.5)
 
 
 def test_k3_kl_to_reference() -> None:

@@ -6,6 +6,7 @@ import errno
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -156,13 +157,79 @@ def test_gradient_accumulation_matches_one_big_batch(model_dir: Path) -> None:
     # (about lr x sign(g)) would blow rounding noise in near-zero gradients up to lr
     for trainer in (one, many):
         trainer.optimizer = torch.optim.SGD(trainer.model.parameters(), lr=1.0)
-    groups = [make_group(one, [1.0, 0.0, 0.5], seed=1), make_group(one, [0.0, 1.0], seed=2)]
+    groups = [
+        make_group(one, [1.0, 0.0, 0.5], seed=1),
+        make_group(one, [0.0, 1.0], seed=2),
+        make_group(one, [1.2, -0.5, -0.9], role="generator", seed=3),  # roles weighed apart
+    ]
     a = one.step(groups)
     b = many.step(groups)
     assert a.loss == pytest.approx(b.loss, abs=1e-6)
     assert a.grad_norm == pytest.approx(b.grad_norm, rel=1e-4)
     wa, wb = weights(one), weights(many)
     assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+
+
+class StepGradient(torch.optim.SGD):
+    """An optimiser that keeps the gradient of the step and changes nothing."""
+
+    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+        super().__init__(params, lr=0.0)
+        self.seen = torch.zeros(0)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        params = self.param_groups[0]["params"]
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
+        self.seen = torch.cat([g.flatten() for g in grads]).double()
+
+
+def step_gradient(model_dir: Path, groups: list[GradedGroup]) -> torch.Tensor:
+    """The gradient one real step over `groups` takes (micro-batches of 2, never clipped)."""
+    trainer = Trainer(model_dir, settings(micro_batch=2, max_grad_norm=1e9))
+    recorder = StepGradient(trainer.trainable)
+    trainer.optimizer = recorder
+    trainer.step(groups)
+    return recorder.seen
+
+
+def lengthened(trainer: Trainer, group: GradedGroup) -> GradedGroup:
+    """`group` with every completion written twice over (twice the tokens, on-policy)."""
+    completions = []
+    for c in group.completions:
+        tokens = c.token_ids * 2
+        logprobs = trainer.completion_logprobs(c.prompt_token_ids, tokens, group.role)
+        completions.append(c.model_copy(update={"token_ids": tokens, "logprobs": logprobs}))
+    return group.model_copy(update={"completions": completions})
+
+
+def test_doubling_the_generators_lengths_leaves_its_share_of_the_gradient(
+    model_dir: Path,
+) -> None:
+    """A step over a solver group S (3 answers) and a generator group G (4 files) takes
+    alpha g_S + beta g_G, g_S and g_G the steps over S and G alone (each its role's token
+    mean), solved for from the three real gradients. The generator's share beta / (alpha +
+    beta) is its share of the sequences, 4/7, with G's files as written and twice as long;
+    a token mean over the whole batch would give it its share of the tokens instead."""
+    trainer = Trainer(model_dir, settings())
+    solver = make_group(trainer, [1.0, 0.0, 0.5], seed=1)
+    generator = make_group(trainer, [1.2, -0.5, -0.9, 0.4], role="generator", seed=2)
+    longer = lengthened(trainer, generator)
+    assert sum(len(c.token_ids) for c in longer.completions) == 2 * sum(
+        len(c.token_ids) for c in generator.completions
+    )
+    g_solver = step_gradient(model_dir, [solver])
+    shares = []
+    for files in (generator, longer):
+        g_files = step_gradient(model_dir, [files])
+        mixed = step_gradient(model_dir, [solver, files])
+        basis = torch.stack([g_solver, g_files], dim=1)
+        coefficients = torch.linalg.lstsq(basis, mixed.unsqueeze(1)).solution.flatten()
+        alpha, beta = coefficients.tolist()
+        residual = torch.linalg.vector_norm(basis @ coefficients - mixed)
+        assert residual <= 1e-4 * torch.linalg.vector_norm(mixed)  # exactly such a mix
+        shares.append(beta / (alpha + beta))
+    assert shares == pytest.approx([4 / 7, 4 / 7], rel=1e-4)
 
 
 def test_kl_to_reference(model_dir: Path) -> None:
