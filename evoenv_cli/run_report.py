@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,15 @@ GENERATOR_STEPS = 5
 PAST_L5: tuple[str, ...] = (*MODEL_STAGES, "admitted")
 """Where a candidate that passed L1-L5 stops: at a model stage, or nowhere (admitted)."""
 HEADLINE_STEPS = 5
+GROUPS_SHOWN = 50
+"""report.md lists the last this many generation groups, candidate by candidate."""
+IMPLIED_CASE: dict[str, str] = {
+    **{stage: stage for stage in MECHANICAL_STAGES},
+    "calibration": "calibration",
+    "novelty": "too similar",
+    "admitted": "new",
+}
+"""The reward's case that a funnel outcome implies (the case is shown where it differs)."""
 DPI = 150
 ROLES = {"solver": "tab:blue", "generator": "tab:orange"}
 REWARD_RANGE = {"solver": (0.0, 1.0)}
@@ -53,6 +62,8 @@ class RunData:
     evals: list[MetricRow]
     admitted: list[EnvironmentRow]
     """Environments admitted to the pool (seeds excluded), whatever their status now."""
+    generations: list[MetricRow] = field(default_factory=list)
+    """One row per generation group, in the order they were finalised (kind `generation`)."""
 
     def series(self, key: str, rows: Sequence[MetricRow] | None = None) -> dict[int, float]:
         """step -> value of `key`, over the steps whose row holds a finite number for it."""
@@ -70,7 +81,8 @@ def load(archive: Archive, run: str) -> RunData:
         for row in archive.environments()
         if row.origin != "seed" and (row.status == "admitted" or row.stats.admitted_at is not None)
     ]
-    return RunData(run, archive.metrics(run, "train"), archive.metrics(run, "eval"), admitted)
+    train, evals = archive.metrics(run, "train"), archive.metrics(run, "eval")
+    return RunData(run, train, evals, admitted, archive.metrics(run, "generation"))
 
 
 def write_report(
@@ -88,7 +100,8 @@ def write_report(
         push_latency.png    seconds per weight push (write the weights, reload every server)
         throughput.png      tokens per second through the trainer
         report.md           the headline numbers, the funnel's totals, the generator per 5
-                            steps, the figures, and the run's settings.json if any
+                            steps, the last generation groups candidate by candidate
+                            (outcome and reward), the figures, and the run's settings.json
 
     A figure with nothing to show yet is still written, with a "no data yet" panel, so a report
     of a run that has not stepped has the same files. The funnel_<stage> values of the train
@@ -592,7 +605,8 @@ def render_markdown(
     lines += [f"| {what} | {value} |" for what, value in headline(data)]
     lines += ["", "## Admission funnel", "", *funnel_table(data.train)]
     lines += ["", f"## The generator, per {GENERATOR_STEPS} steps", ""]
-    lines += [*generator_table(data.train), "", "## Figures", ""]
+    lines += [*generator_table(data.train), "", "## Generation groups", ""]
+    lines += [*groups_table(data.generations), "", "## Figures", ""]
     for name, path in figures.items():
         lines += [
             f"![{FIGURES[name][0]}]({path.name})",
@@ -651,6 +665,44 @@ def generator_table(train: Sequence[MetricRow]) -> list[str]:
         counts = " | ".join(str(n) for n in row.stopped.values())
         lines.append(f"| {steps} | {row.judged} | {row.passed} | {share} | {counts} |")
     return lines
+
+
+def groups_table(rows: Sequence[MetricRow], shown: int = GROUPS_SHOWN) -> list[str]:
+    """The last `shown` generation groups as Markdown lines, one a group: its candidates in
+    candidate order, each its funnel outcome and reward, with the reward's case in brackets
+    where the outcome does not imply it (a copy rejected at review: `review -0.50 (too
+    similar)`)."""
+    if not rows:
+        return ["No generation group finalised yet."]
+    last = list(rows)[-shown:]
+    which = f"the last {len(last)} of {len(rows)}" if len(rows) > len(last) else "each"
+    lines = [
+        f"Generation groups, {which} in the order they were finalised: each candidate's "
+        'outcome and generator reward, in candidate order (docs/CONTRACT.md, "The '
+        "generator's reward\"). `error`: a check could not run (no reward).",
+        "",
+        "| # | group | version | gamma | candidates: outcome reward |",
+        "| ---: | --- | ---: | ---: | --- |",
+    ]
+    for row in last:
+        values = row.values
+        cells = [_candidate_text(c) for c in values.get("candidates", [])]
+        gamma = _number(values.get("gamma"))
+        lines.append(
+            f"| {row.step} | `{str(values.get('group_id', ''))[:8]}` | {row.version} | "
+            f"{'–' if gamma is None else f'{gamma:.2f}'} | {' · '.join(cells)} |"
+        )
+    return lines
+
+
+def _candidate_text(candidate: dict[str, Any]) -> str:
+    outcome = str(candidate.get("outcome", "?"))
+    reward = _number(candidate.get("reward"))
+    text = f"{outcome} {'–' if reward is None else f'{reward:+.2f}'}"
+    case = candidate.get("case")
+    if case and case != IMPLIED_CASE.get(outcome):
+        text += f" ({case})"
+    return text
 
 
 def _flatten(settings: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:

@@ -161,6 +161,17 @@ def test_an_invention_outranks_a_miscalibrated_file_a_copy_and_a_failure(
     assert new > miscalibrated > copy > failure
     assert copy < 0
     assert rewards(group)[2:] == [-0.5, -0.9]  # the copy earns exactly the L5 figure
+    (recorded,) = ctx.archive().metrics(RUN, "generation")  # what the run report lists
+    assert recorded.values["group_id"] == "g1"
+    assert [(c["outcome"], c["reward"], c["case"]) for c in recorded.values["candidates"]] == [
+        (outcome, reward, case)
+        for outcome, reward, case in zip(
+            group.data.funnel,
+            rewards(group),
+            ["new", "calibration", "too similar", "L2"],
+            strict=True,
+        )
+    ]
 
 
 def test_copies_of_the_example_earn_negative_advantages_beside_an_invention(

@@ -17,11 +17,12 @@ from evoenv_cli.run_report import (
     FUNNEL_STAGES,
     funnel_buckets,
     generator_table,
+    groups_table,
     write_report,
 )
 from evoenv_learner.held_out import wilson
 from shared.config import Settings
-from shared.db import Archive
+from shared.db import Archive, MetricRow
 from shared.env_stats import CalibrationFigures, EnvStats
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -250,3 +251,31 @@ def test_cli_writes_the_report_into_the_run_folders_report_folder(
     assert (elsewhere / "report.md").is_file()
     assert "no metrics recorded for run 'other-run'" in result.output
     assert "runs in the archive: paper" in result.output
+
+
+def test_the_report_lists_each_generation_groups_outcomes_and_rewards(tmp_path: Path) -> None:
+    archive = Archive(f"sqlite:///{tmp_path / 'a.db'}")
+    candidates = [
+        {"outcome": "admitted", "reward": 2.17, "case": "new"},
+        {"outcome": "calibration", "reward": 1.32, "case": "calibration"},
+        {"outcome": "review", "reward": -0.5, "case": "too similar"},  # a copy, stopped at review
+        {"outcome": "novelty", "reward": -0.5, "case": "too similar"},
+        {"outcome": "L2", "reward": -0.9, "case": "L2"},
+        {"outcome": "error", "reward": None, "case": None},
+    ]
+    values = {"group_id": "0123456789abcdef", "gamma": 2.0, "candidates": candidates}
+    archive.record_metrics(RUN, 1, "generation", 3, values)
+    archive.record_metrics(RUN, 1, "train", 3, train_values(1, {}))
+    write_report(archive, RUN, tmp_path / "report")
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert (
+        "| 1 | `01234567` | 3 | 2.00 | admitted +2.17 · calibration +1.32 · review -0.50 (too "
+        "similar) · novelty -0.50 · L2 -0.90 · error – |"
+    ) in text
+    rows = [
+        MetricRow(run=RUN, step=n, kind="generation", version=0, values=values) for n in range(1, 5)
+    ]
+    lines = groups_table(rows, shown=2)
+    assert "the last 2 of 4" in lines[0]
+    assert [line.split(" |")[0] for line in lines[-2:]] == ["| 3", "| 4"]
+    assert groups_table([]) == ["No generation group finalised yet."]
