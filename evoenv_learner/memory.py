@@ -1,5 +1,7 @@
-"""The learner's resident memory: measured (`rss_gib`), and handed back to the system between
-steps (`release_memory`; why: docs/results.md#figures-behind-defaults).
+"""The learner's resident memory: measured now (`rss_gib`) and at its highest since a mark
+(`reset_peak`, `peak_rss_gib`: a step's true peak, which a reading after the step misses), and
+handed back to the system between steps (`release_memory`; why:
+docs/results.md#figures-behind-defaults).
 """
 
 from __future__ import annotations
@@ -45,3 +47,28 @@ def rss_gib() -> float:
             return int(statm.read().split()[1]) * _PAGE / 2**30
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def peak_rss_gib() -> float:
+    """This process's highest resident memory since it started or since the last `reset_peak`,
+    in GiB (the kernel's high-water mark, VmHWM; 0.0 where /proc is not available)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024 / 2**30
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0.0
+
+
+def reset_peak() -> bool:
+    """Start a new high-water mark at the current resident size (Linux: "5" written to
+    /proc/self/clear_refs); False where that is not possible (then `peak_rss_gib` keeps the
+    process's peak since its start)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        return False
+    return True
