@@ -1,21 +1,8 @@
-"""The process between `evoenv up` and each of its children: `python reaper.py GRACE -- ARGV...`.
-
-It runs ARGV and makes sure that nothing ARGV started outlives it, whatever happens to `up`:
-
-- It is a child subreaper (Linux's `PR_SET_CHILD_SUBREAPER`), so every descendant of ARGV that
-  is orphaned (a Celery pool process, vLLM's engine core, a sandbox) is re-parented to it
-  instead of to init, and stays findable.
-- ARGV runs in a process group of its own. On SIGTERM, SIGINT or SIGHUP (from `up`'s stop, or
-  the kernel's parent-death signal when `up` dies: `up` starts it under `setpriv --pdeathsig
-  TERM`) it sends SIGTERM to that group, once, and gives it GRACE seconds; then it SIGKILLs
-  every descendant left.
-- When ARGV exits, by itself or stopped, every descendant left is SIGKILLed at once.
-- SIGUSR1 and SIGUSR2 are forwarded to ARGV (the learner's "push the weights again").
-
-It exits as ARGV did: with its exit status, or killed by the same signal, so the supervisor
-reads the child's own end. Standard library only, and run as a file, not a module, so that it
-starts in milliseconds without the project's imports.
-"""
+"""The process between `evoenv up` and each child: `python reaper.py GRACE -- ARGV...` runs ARGV
+in a process group of its own as a child subreaper, stops it on SIGTERM, SIGINT or SIGHUP (the
+parent-death signal when `up` dies) and kills every descendant left after GRACE or once ARGV
+exits; it forwards SIGUSR1/2 and exits as ARGV did. Standard library only, run as a file so that
+it starts in milliseconds (docs/DESIGN.md#the-supervisor-in-evoenv-up)."""
 
 from __future__ import annotations
 

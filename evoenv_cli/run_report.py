@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from sqlmodel import select
 
+from evoenv_cli import tree_memory
 from shared.db import Archive, EnvironmentRow, MetricRow
 from shared.messages import MECHANICAL_STAGES, MODEL_STAGES
 
@@ -124,8 +125,30 @@ def write_report(
     settings_file = (run_dir or folder) / "settings.json"
     settings = json.loads(settings_file.read_text()) if settings_file.is_file() else None
     markdown = folder / "report.md"
-    markdown.write_text(render_markdown(data, figures, settings, archive_url(archive)))
+    memory = tree_memory.read((run_dir or folder) / "logs" / tree_memory.MEMORY_LOG)
+    text = render_markdown(data, figures, settings, archive_url(archive))
+    markdown.write_text(text + "\n" + "\n".join(memory_section(memory)) + "\n")
     return ReportFiles(markdown, figures)
+
+
+def memory_section(samples: Sequence[dict[str, Any]]) -> list[str]:
+    """The memory of every process of the run together (`tree_memory`: sampled every 10 s by
+    `evoenv up`), as Markdown lines: the peak, and each child's own peak."""
+    lines = ["## Peak memory", ""]
+    top = tree_memory.peak(list(samples))
+    if top is None:
+        return [*lines, "No memory samples (RUN/logs/memory.jsonl is written by `evoenv up`)."]
+    at = datetime.fromtimestamp(float(top["at"]), UTC).strftime("%H:%M:%S UTC")
+    lines += [
+        f"All processes of the run together: **{top['pss_gib']:.2f} GiB** (proportional set "
+        f"size; resident sum {top['rss_gib']:.2f} GiB) at {at}, the largest of "
+        f"{top['samples']} samples over {top['seconds'] / 60:.0f} minutes.",
+        "",
+        "| process (with its descendants) | peak GiB |",
+        "| --- | ---: |",
+    ]
+    peaks = sorted(top["by_child_peak"].items(), key=lambda item: -item[1])
+    return lines + [f"| {name} | {gib:.2f} |" for name, gib in peaks]
 
 
 def recorded_runs(archive: Archive) -> list[str]:

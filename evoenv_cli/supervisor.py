@@ -1,10 +1,7 @@
-"""Child processes of `evoenv up`: start them, restart the ones that die, stop them all.
-
-Each child runs in its own session with its output in RUN/logs/NAME.log, behind a small reaper
-process (`reaper.py`) started under a parent-death signal, so that nothing outlives `evoenv up`
-however it ends (see `Child`, `Supervisor`; docs/DESIGN.md#the-supervisor-in-evoenv-up). A child
-that dies is restarted, and its end is said in one line (`exit_reason`): its exit status or
-signal, and whether the kernel's out-of-memory killer ended it.
+"""Child processes of `evoenv up`: start them, restart the ones that die (saying how each ended,
+`exit_reason`), stop them all. Each child runs in its own session, its output in RUN/logs/NAME.log,
+behind a reaper (`reaper.py`) started under a parent-death signal, so that nothing outlives
+`evoenv up` however it ends (docs/DESIGN.md#the-supervisor-in-evoenv-up).
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import threading
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
@@ -14,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from evoenv_cli.envs import out
+from evoenv_cli.learner_state import state_path, write_state
 from shared.config import Settings
 
 
@@ -28,7 +31,11 @@ def learner(
     resume: bool = typer.Option(False, "--resume", help="Continue from the run's last checkpoint."),
     steps: int | None = typer.Option(None, "--steps", help="Stop after this many optimiser steps."),
 ) -> None:
-    """Run the learner (orchestrator, trainer, weight pushes) until stopped or --steps."""
+    """Run the learner (orchestrator, trainer, weight pushes) until stopped or --steps.
+
+    Its state is kept in RUN/learner-state.json (at its start, each step, every few seconds and
+    at a stop), which `evoenv up` shows. SIGUSR1 pushes the current weights again (a restarted
+    model server serves the base weights)."""
     from evoenv_cli.envs import EXIT_ERROR, err
     from evoenv_cli.expiry import group_expiry
     from evoenv_learner.loop import run_process
@@ -39,14 +46,55 @@ def learner(
         settings = settings.model_copy(
             update={"learner": settings.learner.model_copy(update={"steps": steps})}
         )
+    keeper = StateKeeper(state_path(settings.run_dir))
     try:
-        state = run_process(settings, resume=resume, expire_groups=group_expiry)
+        state = run_process(
+            settings,
+            resume=resume,
+            expire_groups=group_expiry,
+            on_start=keeper.started,
+            on_step=keeper.write,
+        )
     except EvoEnvError as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(EXIT_ERROR) from exc
+    finally:
+        keeper.close()
     if state is None:  # a follower rank under torchrun
         return
     out.print(f"stopped at step {state.step}, policy version {state.version}", markup=False)
+
+
+class StateKeeper:
+    """Keeps RUN/learner-state.json current: written at each call of `write` and, from
+    `started` on, every `every` seconds by a thread (the in-flight counts move between steps)."""
+
+    def __init__(self, path: Path, every: float = 5.0) -> None:
+        self.path = path
+        self.every = every
+        self.state: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def started(self, state: Any) -> None:
+        self.state = state
+        self.write(state)
+        self._thread = threading.Thread(target=self._run, name="learner-state", daemon=True)
+        self._thread.start()
+
+    def write(self, state: Any) -> None:
+        with contextlib.suppress(OSError, RuntimeError):  # RuntimeError: a dict changed meanwhile
+            write_state(self.path, state)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.write(self.state)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self.write(self.state)
 
 
 def export(

@@ -1,27 +1,32 @@
 """`evoenv up`: the whole loop on one machine, supervised, with a live display (`up_display`).
 
-Starts a private Redis and the vLLM server (each unless its address is set), the workers, Flower
-and the learner; Ctrl-C, --steps or a hangup end it cleanly (checkpoint, children stopped, report
-written); run again in the same folder, it resumes. `up_record` tells other commands its Redis.
-"""
+Redis and vLLM (each unless its address is set), the workers, Flower and the learner run as
+children under `supervisor.Supervisor` (restarted if they die; none outlives `up`); Ctrl-C,
+--steps or a hangup end it cleanly, and it resumes when run again (docs/DESIGN.md)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import signal
 import sys
 import time
+from collections.abc import Coroutine
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any
 
+import structlog
 import typer
 from rich.live import Live
 
+from evoenv_cli import tree_memory
 from evoenv_cli.envs import EXIT_ERROR, err, out
-from evoenv_cli.supervisor import Child, Supervisor
+from evoenv_cli.learner_state import read_state, state_path
+from evoenv_cli.supervisor import Child, Supervisor, descendants, process_parents
 from evoenv_cli.up_display import Display, progress_lines
 from evoenv_cli.up_record import remove_record, write_record
 from shared import keys
@@ -29,8 +34,7 @@ from shared.config import Settings
 from shared.errors import EvoEnvError
 from shared.ports import free_port, listening
 
-if TYPE_CHECKING:
-    from evoenv_learner.loop import LearnerState
+log = structlog.get_logger(__name__)
 
 
 def register(app: typer.Typer) -> None:
@@ -56,17 +60,8 @@ def up(
             markup=False,
         )
     out.print(f"vLLM: {dtype_choice(settings, gpu=on_gpu())}", markup=False)
-    if steps is not None:
-        settings = settings.model_copy(
-            update={"learner": settings.learner.model_copy(update={"steps": steps})}
-        )
-    from evoenv_learner.loop import hangup_handler
-
-    hung_up = hangup_handler(_interrupt)
-    if hung_up is not None:  # until the learner takes it over, a hangup is a Ctrl-C
-        signal.signal(signal.SIGHUP, lambda *_: hung_up())
     try:
-        state = asyncio.run(_up(settings, started))
+        state = asyncio.run(_up(settings, started, steps))
     except EvoEnvError as exc:
         err.print(f"error: {exc}", markup=False)
         raise typer.Exit(EXIT_ERROR) from exc
@@ -77,16 +72,21 @@ def up(
     )
     if state.get("gave_up"):
         err.print(
-            f"error: {state['gave_up']} kept dying and was not restarted again; see "
-            f"{settings.run_dir / 'logs' / (state['gave_up'] + '.log')}",
+            f"error: {state['gave_up']} {state['gave_up_reason']} too often and was not "
+            f"restarted again; see {settings.run_dir / 'logs' / (state['gave_up'] + '.log')}",
             markup=False,
         )
         raise typer.Exit(EXIT_ERROR)
 
 
 VLLM_LAYER, WORKERS_LAYER = 1, 2
-"""Stop order (`Child.layer`): the workers and Flower first, together; then vLLM, whose
-requests they make; then Redis (layer 0, the default), which they all use."""
+"""Stop order (`Child.layer`): the learner, the workers and Flower first, together; then
+vLLM, whose requests they make; then Redis (layer 0, the default), which they all use."""
+LEARNER_GRACE = 45.0
+"""Seconds the learner has to stop (drop its step, write a checkpoint of the weights and AdamW's
+moments, acknowledge its groups) before it is killed: within Ctrl-C's minute, with the rest."""
+LEARNER_RESTARTS = 3
+"""Times a learner that died is restarted from its last checkpoint before `up` gives up."""
 GENERATION_GRACE = 5.0
 """Seconds the generation worker has to stop: its jobs are model calls of up to minutes,
 which a longer wait would not see through (it took the whole 20 s default at every Ctrl-C);
@@ -153,14 +153,6 @@ def core_split() -> tuple[frozenset[int], frozenset[int]] | None:
     return frozenset(cores[:half]), frozenset(cores[half:])
 
 
-def _train_on(cores: frozenset[int]) -> None:
-    import torch
-
-    os.sched_setaffinity(0, cores)
-    torch.set_num_threads(len(cores))
-    out.print(f"learner on cores {sorted(cores)}", markup=False)
-
-
 def _evoenv(*args: str) -> list[str]:
     return [sys.executable, "-c", "from evoenv_cli import main; main()", *args]
 
@@ -169,56 +161,120 @@ def _say(line: str) -> None:
     out.print(line, markup=False)
 
 
-async def _up(settings: Settings, started: float) -> dict[str, Any]:
-    """Start the children, then run the learner; `started` is the `time.monotonic()` of the
-    command's start, from which the progress lines count."""
-    supervisor = Supervisor()
+async def _up(settings: Settings, started: float, steps: int | None) -> dict[str, Any]:
+    """Start the children, then watch them until a stop; `started` is the `time.monotonic()` of
+    the command's start, from which the progress lines count."""
+    supervisor = Supervisor(on_event=_say)
     display = Display(supervisor, settings.grpo.batch_groups, started)
     # off a terminal, a line a minute until the first step (the live table shows the same)
     ticker = None if out.is_terminal else asyncio.create_task(progress_lines(display, _say))
     try:
-        return await _run_up(settings, supervisor, display)
+        return await _run_up(settings, supervisor, display, steps)
     finally:
         if ticker is not None:
             ticker.cancel()
 
 
-async def _run_up(settings: Settings, supervisor: Supervisor, display: Display) -> dict[str, Any]:
-    """Add the children, start them under `supervisor`, run the learner in the foreground,
-    then stop every child and write the report; the final step, version and report path."""
+async def _run_up(
+    settings: Settings, supervisor: Supervisor, display: Display, steps: int | None
+) -> dict[str, Any]:
+    """Add the children and start them under `supervisor`, the learner last; watch them until a
+    stop (Ctrl-C, SIGTERM, a hangup; the learner done with its steps; a child that kept dying),
+    then stop every child and write the report, whatever happened; the final step, version and
+    report path."""
     from shared.logging import add_log_file
 
     run_dir = settings.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     logs = run_dir / "logs"
-    add_log_file(logs / "learner.log")
+    add_log_file(logs / "up.log")
     env = dict(os.environ)
-    republish = asyncio.Event()
     every_core = frozenset(os.sched_getaffinity(0))
     # Taking turns (the default without a GPU), vLLM and the learner each use every core in
     # turn; otherwise each keeps its own half.
     split = core_split() if settings.learner.take_turns is False else None
-    settings = _add_services(settings, supervisor, env, logs, republish, split)
+    settings = _add_services(settings, supervisor, env, logs, split)
     flower_port = settings.flower.port if not listening(settings.flower.port) else free_port()
     workers = _workers(env, logs, flower_port)
+    learner = _learner(settings, env, logs, steps, split)
+    for child in supervisor.children:
+        if child.name == "vllm":  # a restarted server serves the base weights
+            child.restarted = functools.partial(_republish, learner, run_dir)
     (run_dir / "settings.json").write_text(json.dumps(settings.masked(), indent=2, default=str))
+    state_file = state_path(run_dir)
+    state_file.unlink(missing_ok=True)  # the learner writes it anew once it runs
+    stop = asyncio.Event()
+    watchers = _stop_on_signals(stop)
     state: dict[str, Any] = {"step": 0, "version": 0, "report": None}
     try:
         # drawn anew at each refresh: the children's state, the progress counts and the wait
         # for the first step show as they change, not only at the next step
         with Live(get_renderable=display.table, refresh_per_second=1, transient=False) as live:
-            await _start_services(supervisor, display, run_dir, settings.redis_url)
-            _start_workers(supervisor, workers, every_core)
-            if split is not None:
-                _train_on(split[1])
-            out.print(f"Flower on http://127.0.0.1:{flower_port}  logs in {logs}", markup=False)
-            learner_state = await _learn(settings, supervisor, display, live, republish)
-        state.update(step=learner_state.step, version=learner_state.version)
-        state["gave_up"] = supervisor.gave_up
+            await _until(stop, _start_services(supervisor, display, run_dir, settings.redis_url))
+            if not stop.is_set():
+                _start_workers(supervisor, workers, every_core)
+                supervisor.add(learner)
+                learner.start()
+                out.print(f"Flower on http://127.0.0.1:{flower_port}  logs in {logs}", markup=False)
+                follow = asyncio.create_task(_follow(display, state_file, live))
+                sampler = asyncio.create_task(_sample_memory(supervisor, logs))
+                try:
+                    await supervisor.watch(stop)
+                finally:
+                    follow.cancel()
+                    sampler.cancel()
+            if display.learner is not None:
+                display.learner = replace(display.learner, stopping=True)
+                live.refresh()
     finally:
-        _stop_children(supervisor, run_dir)
-    state["report"] = str(_report(settings))
+        for watcher in watchers:
+            watcher.cancel()
+        try:
+            _stop_children(supervisor, run_dir)
+        finally:
+            state["report"] = str(_report(settings))
+    final = read_state(state_file)
+    if final is not None:
+        state.update(step=final.step, version=final.version)
+    state["gave_up"] = supervisor.gave_up
+    state["gave_up_reason"] = supervisor.gave_up_reason
     return state
+
+
+async def _until(stop: asyncio.Event, work: Coroutine[Any, Any, None]) -> None:
+    """Run `work` unless `stop` is set first (then `work` is cancelled)."""
+    task = asyncio.ensure_future(work)
+    waiter = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.done() and not task.cancelled():
+        task.result()  # its error, as itself
+
+
+def _stop_on_signals(stop: asyncio.Event) -> list[asyncio.Task[None]]:
+    """SIGINT (Ctrl-C), SIGTERM and SIGHUP (unless ignored, as under `nohup`) set `stop`; so
+    does a terminal that goes away without a SIGHUP. The tasks that watch the terminal."""
+    from evoenv_learner.loop import hangup_handler, watch_terminal
+
+    def request_stop() -> None:
+        if not stop.is_set():
+            _say("stopping: the learner writes a checkpoint, then every process stops")
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, request_stop)
+    loop.add_signal_handler(signal.SIGTERM, request_stop)
+    hung_up = hangup_handler(stop.set)
+    if hung_up is None:
+        return []
+    loop.add_signal_handler(signal.SIGHUP, hung_up)
+    return [asyncio.create_task(watch_terminal(hung_up))]
 
 
 def _add_services(
@@ -226,7 +282,6 @@ def _add_services(
     supervisor: Supervisor,
     env: dict[str, str],
     logs: Path,
-    republish: asyncio.Event,
     split: tuple[frozenset[int], frozenset[int]] | None,
 ) -> Settings:
     """Add Redis and the vLLM server to `supervisor`, each unless its address is set; `settings`
@@ -237,7 +292,7 @@ def _add_services(
     if "EVOENV_REDIS_URL" not in os.environ:
         updates["redis_url"] = _add_redis(supervisor, env, settings.run_dir, logs)
     if "EVOENV_VLLM_URLS" not in os.environ:
-        updates["vllm_urls"] = [_add_vllm(settings, supervisor, env, logs, republish)]
+        updates["vllm_urls"] = [_add_vllm(settings, supervisor, env, logs)]
         if split is not None and "VLLM_CPU_OMP_THREADS_BIND" not in env:
             own_env["vllm"] = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, sorted(split[0])))}
     settings = settings.model_copy(update=updates)
@@ -284,15 +339,9 @@ def _add_redis(supervisor: Supervisor, env: dict[str, str], run_dir: Path, logs:
     return f"redis://127.0.0.1:{redis_port}/0"
 
 
-def _add_vllm(
-    settings: Settings,
-    supervisor: Supervisor,
-    env: dict[str, str],
-    logs: Path,
-    republish: asyncio.Event,
-) -> str:
+def _add_vllm(settings: Settings, supervisor: Supervisor, env: dict[str, str], logs: Path) -> str:
     """Add the vLLM server on its configured port (a free one if that is taken), ready once
-    it answers /health, setting `republish` when restarted; its URL."""
+    it answers /health; its URL."""
     import httpx
 
     vllm_port = settings.serve.port if not listening(settings.serve.port) else free_port()
@@ -311,7 +360,6 @@ def _add_vllm(
             env,
             logs / "vllm.log",
             ready=healthy,
-            restarted=republish.set,  # a restarted server serves the base weights
             layer=VLLM_LAYER,
         )
     )
@@ -382,54 +430,104 @@ def _start_workers(
         child.cpus = every_core  # restarts must not inherit the learner's cores
 
 
-async def _learn(
+def _learner(
     settings: Settings,
-    supervisor: Supervisor,
-    display: Display,
-    live: Live,
-    republish: asyncio.Event,
-) -> LearnerState:
-    """Run the learner (resumed if the run has a checkpoint) while `supervisor` restarts the
-    children that die, a line a step off a terminal; its final state."""
-    from evoenv_cli.expiry import group_expiry
-    from evoenv_learner.loop import run
-
-    resume = (settings.run_dir / "checkpoints").is_dir() and any(
-        (settings.run_dir / "checkpoints").glob("step-*")
+    env: dict[str, str],
+    logs: Path,
+    steps: int | None,
+    split: tuple[frozenset[int], frozenset[int]] | None,
+) -> Child:
+    """The learner as a child (`evoenv learner --resume`: from the run's last checkpoint, if
+    any): restarted from its last checkpoint if it dies, at most `LEARNER_RESTARTS` times;
+    its exit 0 (its --steps done) ends the run. Its JSON log in RUN/logs/learner.log; on its
+    half of the cores when `split`."""
+    own = {
+        **env,
+        "EVOENV_LOG_FORMAT": env.get("EVOENV_LOG_FORMAT", "json"),
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # loading bars: one endless line in a log file
+    }
+    if split is not None:
+        own["OMP_NUM_THREADS"] = str(len(split[1]))
+    argv = _evoenv("-v", "learner", "--resume", *(["--steps", str(steps)] if steps else []))
+    return Child(
+        "learner",
+        argv,
+        own,
+        logs / "learner.log",
+        cpus=split[1] if split is not None else None,
+        layer=WORKERS_LAYER,
+        grace=LEARNER_GRACE,
+        max_restarts=LEARNER_RESTARTS,
+        finishes=True,
+        died=functools.partial(_learner_died, settings),
     )
-    from transformers.utils import logging as transformers_logging
-
-    transformers_logging.disable_progress_bar()  # loading bars would break the display
-
-    def on_step(learner_state: Any) -> None:
-        if display.learner is None:  # a stop asked for before the learner ran
-            display.learner_started(learner_state)
-        live.refresh()
-        if not out.is_terminal:  # Live shows only its last table off a terminal
-            out.print(display.line(learner_state), markup=False)
-
-    stop = asyncio.Event()
-    watcher = asyncio.create_task(_watch(supervisor, stop))
-    try:
-        return await run(
-            settings,
-            resume=resume,
-            on_step=on_step,
-            on_start=display.learner_started,
-            republish=republish,
-            expire_groups=group_expiry,
-        )
-    finally:
-        stop.set()
-        await watcher
 
 
-async def _watch(supervisor: Supervisor, stop: asyncio.Event) -> None:
-    """Restart the children that die until `stop` is set; when one died too often, stop the
-    learner cleanly (checkpoint), as Ctrl-C does."""
-    await supervisor.watch(stop)
-    if supervisor.gave_up:
-        os.kill(os.getpid(), signal.SIGTERM)
+def _learner_died(settings: Settings, reason: str) -> None:
+    """A learner that died in a step taken in turns left the model servers paused: resume
+    them (and close the pause's record), so generation goes on until its restart."""
+    import httpx
+    import redis
+
+    from shared import pauses
+
+    for url in settings.vllm_urls:
+        try:
+            httpx.post(f"{url.rstrip('/')}/resume", timeout=10.0)
+        except httpx.HTTPError as exc:
+            log.warning("resume_after_learner_failed", server=url, error=str(exc))
+    with contextlib.suppress(redis.RedisError):
+        client = redis.Redis.from_url(settings.redis_url, socket_timeout=5.0)
+        pauses.ended(client)
+        client.close()
+    log.info("learner_died", reason=reason, then="servers resumed")
+
+
+def _republish(learner: Child, run_dir: Path) -> None:
+    """Ask the running learner to push its weights again (SIGUSR1), once it runs: one that is
+    still loading pushes its checkpoint's weights anyway when it is ready."""
+    view = read_state(state_path(run_dir))
+    if learner.proc is None or view is None:
+        return
+    if process_parents().get(view.pid) == learner.proc.pid:  # this learner, past its start
+        learner.send_signal(signal.SIGUSR1)
+
+
+async def _follow(display: Display, path: Path, live: Live) -> None:
+    """Show the learner's state from its file, read once a second; off a terminal, one line
+    for each step (and one when it begins to stop)."""
+    shown: tuple[int, bool] | None = None
+    while True:
+        view = read_state(path)
+        if view is not None:
+            if display.learner is None:
+                display.learner_started(view)
+            display.learner = view
+            if (view.step, view.stopping) != shown and (view.last_metrics or view.stopping):
+                shown = (view.step, view.stopping)
+                if not out.is_terminal:  # Live shows only its last table off a terminal
+                    out.print(display.line(view), markup=False)
+            live.refresh()
+        await asyncio.sleep(1.0)
+
+
+async def _sample_memory(supervisor: Supervisor, logs: Path) -> None:
+    """Every `tree_memory.EVERY` seconds, the memory of `up` and of each child with its
+    descendants, appended to RUN/logs/memory.jsonl and logged."""
+    path = logs / tree_memory.MEMORY_LOG
+    while True:
+        parents = process_parents()
+        groups = {"up": {os.getpid()}}
+        for child in supervisor.children:
+            if child.alive:
+                groups[child.name] = {child.proc.pid} | descendants(  # type: ignore[union-attr]
+                    child.proc.pid,  # type: ignore[union-attr]
+                    parents=parents,
+                )
+        record = await asyncio.to_thread(tree_memory.sample, groups)
+        await asyncio.to_thread(tree_memory.append, path, record)
+        log.info("memory", pss_gib=record["pss_gib"], rss_gib=record["rss_gib"])
+        await asyncio.sleep(tree_memory.EVERY)
 
 
 def _stop_children(supervisor: Supervisor, run_dir: Path) -> None:
@@ -439,10 +537,6 @@ def _stop_children(supervisor: Supervisor, run_dir: Path) -> None:
         supervisor.stop_all()
     finally:
         remove_record(run_dir)
-
-
-def _interrupt() -> NoReturn:
-    raise KeyboardInterrupt
 
 
 def _report(settings: Settings) -> Path:

@@ -583,18 +583,39 @@ async def taking_turns(publisher: WeightPublisher, enabled: bool) -> AsyncIterat
 
 
 def run_process(
-    settings: Settings, *, resume: bool = False, expire_groups: GroupExpiry | None = None
+    settings: Settings,
+    *,
+    resume: bool = False,
+    expire_groups: GroupExpiry | None = None,
+    on_start: Callable[[LearnerState], None] | None = None,
+    on_step: Callable[[LearnerState], None] | None = None,
 ) -> LearnerState | None:
     """This process's part of the learner: all of it in one process, or, when started by
     torchrun on several devices, rank 0's (all of it, its steps shared) or a follower's (None
-    is returned when rank 0 says stop). `expire_groups`: as for `run`."""
+    is returned when rank 0 says stop). `expire_groups`, `on_start`, `on_step`: as for `run`.
+    SIGUSR1 asks for the current weights to be pushed again (`run`'s `republish`)."""
     from evoenv_learner.distributed import follow
 
     parallel = DataParallel.from_env()
     if parallel is not None and not parallel.leader:
         follow(settings, parallel)
         return None
-    return asyncio.run(run(settings, resume=resume, parallel=parallel, expire_groups=expire_groups))
+
+    async def main() -> LearnerState:
+        republish = asyncio.Event()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, republish.set)
+        return await run(
+            settings,
+            resume=resume,
+            on_step=on_step,
+            on_start=on_start,
+            republish=republish,
+            parallel=parallel,
+            expire_groups=expire_groups,
+        )
+
+    return asyncio.run(main())
 
 
 async def _put(queue: asyncio.Queue[GradedGroup], group: GradedGroup, stop: asyncio.Event) -> None:

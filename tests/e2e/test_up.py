@@ -3,8 +3,11 @@ three optimiser steps run, a generator group is trained (its step's metrics row 
 reward), the policy version advances, the report is written, and nothing is left running. In the
 same run, once a generator group is trained, the vLLM server and the grading worker are killed
 with SIGKILL: the supervisor restarts both, the learner pushes its weights to the restarted
-server, and the run goes on. Default settings (those `up` applies on a CPU), except where
-`UP_ENV` says why. (One run for all of it: on two cores it takes about ten minutes.)"""
+server, and the run goes on; then the learner itself is killed with SIGKILL (as the kernel's
+out-of-memory killer would), and the supervisor says so in one line and restarts it from its last
+checkpoint, which takes the next step. Default settings (those `up` applies on a CPU), except
+where `UP_ENV` says why. (One run for all of it: on two cores it takes about a quarter of an
+hour.) A second test kills `up` itself with SIGKILL and finds nothing of the run left."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import pytest
 from e2e_support import evoenv
 from matplotlib import image
 
-from evoenv_cli.supervisor import descendants
+from evoenv_cli.supervisor import descendants, process_parents
 from shared.db import Archive
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -65,8 +68,11 @@ UP_ENV = {
     # some not): 4 of the 10 groups that arrived in a 30-minute run of the defaults. Four in
     # flight instead of two make a run without one unlikely before the deadline.
     "EVOENV_LEARNER__GENERATOR_GROUPS_IN_FLIGHT": "4",
+    # The learner killed once a checkpoint exists resumes from it: one every two steps puts the
+    # kill within the three steps the run waits for anyway.
+    "EVOENV_LEARNER__CHECKPOINT_EVERY": "2",
 }
-DEADLINE = 14 * 60
+DEADLINE = 17 * 60
 """Seconds the run may take to reach everything `_watch` waits for."""
 
 
@@ -81,34 +87,54 @@ def _status_beside(data_dir: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _run_events(data_dir: Path) -> list[dict[str, object]]:
+    """Every JSON event of the run's logs so far: `up`'s own (up.log), the learner's, ..."""
+    logs = data_dir / "runs" / "default" / "logs"
+    return [e for path in sorted(logs.glob("*.log")) for e in events(path)]
+
+
+def command_pid(reaper: int) -> int | None:
+    """The command a child's reaper runs (its one child process), if it runs."""
+    found = [pid for pid, parent in process_parents().items() if parent == reaper]
+    return found[0] if found else None
+
+
 def _watch(
     proc: subprocess.Popen[bytes], data_dir: Path, beside: list[subprocess.CompletedProcess[str]]
 ) -> tuple[set[int], dict[str, int], list[str]]:
     """Follow `up`, recording every descendant. Once the first step is logged, run `evoenv
     status` beside it (into `beside`); once a generator group is trained, SIGKILL the vLLM
-    server and the grading worker (each a process group: the kill then cuts off no proposal
-    the claim waits for). Once three steps are logged, a generator group was trained and a push
-    reached the restarted server, stop `up` as Ctrl-C does (SIGINT). Returns the descendants,
-    the killed children's pids, and what was still missing when the deadline came (empty when
-    everything came)."""
+    server and the grading worker (each its command's process group: the kill then cuts off
+    no proposal the claim waits for). Once a push reached the restarted server and a checkpoint
+    is written, SIGKILL the learner. Once three steps are logged, a generator group was
+    trained, and the restarted learner took a step, stop `up` as Ctrl-C does (SIGINT). Returns
+    the descendants, the killed children's pids, and what was still missing when the deadline
+    came (empty when everything came)."""
     ever: set[int] = set()
     killed: dict[str, int] = {}
-    learner_log = data_dir / "runs" / "default" / "logs" / "learner.log"
     deadline = time.monotonic() + DEADLINE
     missing = ["the first step"]
     while proc.poll() is None and time.monotonic() < deadline:
         ever |= descendants(proc.pid)
-        seen = events(learner_log) if learner_log.exists() else []
+        seen = _run_events(data_dir)
         steps = [e for e in seen if e.get("event") == "train_step"]
         if steps and not beside:
             beside.append(_status_beside(data_dir))
+        reapers = {
+            str(e["child"]): int(str(e["pid"])) for e in seen if e.get("event") == "child_started"
+        }
         if _generator_trained(steps) and not killed:
-            pids = {
-                e["child"]: int(str(e["pid"])) for e in seen if e.get("event") == "child_started"
-            }
             for name in ("vllm", "worker-grading"):
-                os.killpg(pids[name], signal.SIGKILL)
-                killed[name] = pids[name]
+                pid = command_pid(reapers[name])
+                assert pid is not None, f"{name} is not running"
+                os.killpg(pid, signal.SIGKILL)
+                killed[name] = pid
+        if "learner" not in killed and "a push to the restarted server" not in _missing(seen):
+            learner = command_pid(reapers["learner"])
+            checkpoints = data_dir / "runs" / "default" / "checkpoints"
+            if learner is not None and any(checkpoints.glob("step-*")):
+                os.kill(learner, signal.SIGKILL)
+                killed["learner"] = learner
         missing = _missing(seen)
         if not missing:
             os.kill(proc.pid, signal.SIGINT)
@@ -136,6 +162,9 @@ def _missing(seen: list[dict[str, object]]) -> list[str]:
         if e.get("event") == "weights_published"
     ):
         missing.append("a push to the restarted server")
+    again = [e for e in seen if e.get("event") == "child_restarted" and e.get("child") == "learner"]
+    if not again or not any(str(e["timestamp"]) > str(again[0]["timestamp"]) for e in steps):
+        missing.append("a step of the restarted learner")
     return missing
 
 
@@ -176,9 +205,7 @@ def test_up_trains_both_roles_survives_kills_and_leaves_nothing(
     )
     text = log.read_text(errors="replace")
     assert proc.returncode == 0, text[-5000:]
-    run_logs = sorted((data_dir / "runs" / "default" / "logs").glob("*.log"))
-    # learner.log has every event of the up process itself (up.log repeats those at -v)
-    seen = [e for path in run_logs for e in events(path)]
+    seen = _run_events(data_dir)
     names = {e.get("event") for e in seen}
     started = {e.get("child") for e in seen if e.get("event") == "child_started"}
     assert {
@@ -190,11 +217,14 @@ def test_up_trains_both_roles_survives_kills_and_leaves_nothing(
         "flower",
     } <= started
     assert "learner_started" in names
-    assert set(killed) == {"vllm", "worker-grading"}, "no generator group was trained"
+    assert set(killed) == {"vllm", "worker-grading", "learner"}, killed
     restarted = sorted(str(e.get("child")) for e in seen if e.get("event") == "child_restarted")
     # once each: a killed server that left its engine behind (holding the port) made every
     # restart fail until the orphan went away
-    assert restarted == ["vllm", "worker-grading"]
+    assert restarted == ["learner", "vllm", "worker-grading"]
+    # the learner's death said in one line, on up's output, and the servers resumed
+    assert "learner was killed by SIGKILL; restart 1 of 3" in text, text[-3000:]
+    assert "learner_died" in names
     # the restarted server was given the current weights (by the next step's push, or by a
     # push of its own if no step came first)
     (back,) = [e for e in seen if e.get("event") == "child_restarted" and e["child"] == "vllm"]
@@ -203,8 +233,16 @@ def test_up_trains_both_roles_survives_kills_and_leaves_nothing(
         for e in seen
         if e.get("event") == "weights_published"
     ), "no push reached the restarted server"
+    # Steps count on by one, except where the killed learner resumed: from its last checkpoint.
     steps = [e for e in seen if e.get("event") == "train_step"]
-    assert [e["step"] for e in steps] == list(range(1, len(steps) + 1)) and len(steps) >= 3
+    (resumed,) = [e for e in seen if e.get("event") == "learner_resumed"]
+    numbers = [int(str(e["step"])) for e in steps]
+    cut = next(i for i, e in enumerate(steps) if str(e["timestamp"]) > str(resumed["timestamp"]))
+    assert numbers[:cut] == list(range(1, cut + 1)) and len(steps) >= 3, numbers
+    assert numbers[cut:] == list(
+        range(int(str(resumed["step"])) + 1, int(str(resumed["step"])) + 1 + len(numbers) - cut)
+    ), numbers
+    assert int(str(resumed["step"])) >= 2 and int(str(resumed["step"])) % 2 == 0
     # Off a terminal (here a file), the live table is one line a step, and before the first
     # a progress line a minute (the first within a minute, while vLLM loads).
     for step in (1, 2, 3):
@@ -234,8 +272,72 @@ def test_up_trains_both_roles_survives_kills_and_leaves_nothing(
         )
     archive = Archive(f"sqlite:///{data_dir / 'archive.db'}")
     rows = archive.metrics("default", "train")
-    assert len(rows) == len(steps)
+    assert len(rows) == len(set(numbers))  # a step trained again replaces its row
+    # memory sampled every 10 s, the peak in the report
+    assert "Peak memory" in (report / "report.md").read_text()
     assert any(row.values.get("reward_mean_generator") is not None for row in rows)
     time.sleep(2)
     alive = {pid for pid in ever if Path(f"/proc/{pid}").exists()}
     assert not alive, f"processes left behind: {sorted(alive)}"
+
+
+@pytest.mark.timeout(15 * 60)
+def test_nothing_of_the_run_outlives_up_killed_with_sigkill(data_dir: Path, tmp_path: Path) -> None:
+    # As when the kernel's out-of-memory killer picks `up`: once every child runs (the learner
+    # has loaded its model and sent jobs, the workers took some), `up` gets SIGKILL. Every
+    # process it started, theirs included (vLLM's engine, Celery's pool, sandboxes), must be gone
+    # within a minute: the parent-death signal reaches each child's reaper, which stops its
+    # child and kills what is left after the grace.
+    log = tmp_path / "up.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            evoenv("up"),
+            env=up_env(data_dir),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    ever: set[int] = set()
+    try:
+        deadline = time.monotonic() + 10 * 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            ever |= descendants(proc.pid)
+            if "learner_started" in {e.get("event") for e in _run_events(data_dir)}:
+                break
+            time.sleep(2)
+        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+        assert "learner_started" in {e.get("event") for e in _run_events(data_dir)}
+        time.sleep(20)  # jobs reach the workers and their sandboxes
+        ever |= descendants(proc.pid)
+        assert len(ever) >= 12, sorted(ever)  # six reapers, their commands, vLLM's engine, ...
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        killed_at = time.monotonic()
+        while time.monotonic() < killed_at + 60:
+            alive = {pid for pid in ever if _alive(pid)}
+            if not alive:
+                break
+            time.sleep(1)
+        left = {pid: _cmdline(pid) for pid in ever if _alive(pid)}
+        assert not left, f"{len(left)} processes of the run still there a minute later: {left}"
+    finally:
+        for pid in ever:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(60)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")[:120]
+    return "?"
