@@ -1,20 +1,6 @@
-"""The worker's watchdog: a thread of the main process of `evoenv worker` that makes the worker
-stop, and stop within seconds, when what it works for is gone.
-
-- Its parent ended (`os.getppid()` changed: the process that started it died, with or without
-  a signal for it) and `worker.stop_with_parent` is on: it sends itself SIGTERM, Celery's warm
-  shutdown.
-- It is stopping (SIGTERM, SIGQUIT or Ctrl-C; `stopping()` is called from Celery's
-  `worker_shutting_down` signal) and its broker has not answered a PING for
-  `worker.broker_gone_grace` seconds: it SIGKILLs every process below it (the pool processes
-  and their sandboxes) and exits at once with status 1.
-
-Why: Celery's warm shutdown waits for the running jobs without limit, and a job whose broker is
-gone can neither acknowledge nor store its result; it waits on Redis until its time limit
-(minutes), or, in a thread pool, which has no time limits, for good. A further SIGTERM is
-ignored during a warm shutdown. Ending such a worker loses nothing: its jobs are still
-unacknowledged in Redis and are delivered again (docs/DESIGN.md#failure-rules). A stopping
-worker whose broker answers keeps the warm shutdown.
+"""The worker's watchdog: a thread of the main process of `evoenv worker` that ends a stopping
+worker within seconds when its broker is gone, and stops a worker whose parent ended (the rules
+and why: `Watchdog`; docs/DESIGN.md#failure-rules).
 """
 
 from __future__ import annotations
@@ -46,7 +32,22 @@ EXIT_STATUS = 1
 
 
 class Watchdog:
-    """See the module's docstring. `start()` starts its thread (a daemon)."""
+    """Once a second, in a daemon thread (`start()`):
+
+    - The parent ended (`os.getppid()` is no longer `parent`: the process that started the
+      worker died, with or without a signal for it): it sends the worker SIGTERM, Celery's warm
+      shutdown.
+    - The worker is stopping (SIGTERM, SIGQUIT or Ctrl-C; `stopping()` is called from Celery's
+      `worker_shutting_down` signal) and its broker has not answered a PING for `grace`
+      seconds: it SIGKILLs every process below it (the pool processes and their sandboxes) and
+      exits at once with status 1.
+
+    Celery's warm shutdown waits for the running jobs without limit and ignores a second
+    SIGTERM, and a job whose broker is gone can neither acknowledge nor store its result: it
+    waits on Redis until its time limit (minutes; Celery's thread pool enforces none). Ending
+    such a worker loses nothing: its jobs are still unacknowledged in Redis and are delivered
+    again. A stopping worker whose broker answers keeps the warm shutdown.
+    """
 
     def __init__(self, broker_url: str, grace: float, parent: int | None) -> None:
         self.broker_url = broker_url
