@@ -1,7 +1,7 @@
 """The environment contract and what the framework does around it (docs/CONTRACT.md): the
 `Environment` base class, seeding (`make_rng`, `TRAIN_SEEDS`, `EVAL_SEEDS`), the prompt
-(`build_prompt`), answer extraction (`extract_answer`) and grade outcomes (`Grade`,
-`grade_value`). Standard library only: it is bound into the sandbox, where environment code
+(`build_prompt`), answer extraction (`extract_answer`; `extract_lenient`, a measurement only)
+and grade outcomes (`Grade`, `grade_value`). Standard library only: it is bound into the sandbox, where environment code
 imports it as `from shared.environment import Environment`.
 """
 
@@ -27,6 +27,7 @@ __all__ = [
     "build_prompt",
     "default_answer_text",
     "extract_answer",
+    "extract_lenient",
     "grade_value",
     "is_snake_case",
     "json_round_trips",
@@ -54,6 +55,10 @@ ANSWER_INSTRUCTION = (
 """The framework's answer-format instruction, appended to every rendered problem."""
 
 _SNAKE_CASE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)*$")
+_LABEL = re.compile(r":|=|\bis\b", re.IGNORECASE)
+"""What ends a label before an untagged answer ("Answer: 3", "x = 3", "the length is 3")."""
+_MARKUP = " \t\r\n`*$\"'<>"
+"""Characters stripped from both ends of an untagged answer (emphasis, code, quotes, <word>)."""
 
 
 class Environment:
@@ -196,10 +201,54 @@ def extract_answer(response: str, cap: int = ANSWER_CAP) -> Extraction:
     What counts: the text after the last `</think>`; a `<think>` with no `</think>` after it
     means the model never finished thinking, so there is no answer.
     """
+    counted = _counted(response)
+    if counted is None:
+        return Extraction(None, "unclosed <think>")
+    return _tagged(counted, cap)
+
+
+def extract_lenient(response: str, cap: int = ANSWER_CAP) -> Extraction:
+    """The answer taken leniently: a measurement of content beside the strict `extract_answer`
+    (docs/CONTRACT.md, lenient extraction); training rewards never use it.
+
+    What counts is the same text; where it holds an `<answer>...</answer>` span, the strict
+    answer (none when over the cap). Otherwise: the text after the last `<answer>` (an answer
+    cut short) or all of it, with any `</answer>` dropped; its last non-blank line; from that,
+    the text after the last label mark (`:`, `=` or the word `is`, any case) when there is one;
+    stripped of whitespace, `` ` ``, `*`, `$`, quotes and angle brackets at both ends, then of
+    trailing periods. Empty, or longer than `cap`: no answer.
+    """
+    counted = _counted(response)
+    if counted is None:
+        return Extraction(None, "unclosed <think>")
+    end = counted.rfind("</answer>")
+    if end >= 0 and counted.rfind("<answer>", 0, end) >= 0:
+        return _tagged(counted, cap)
+    opened = counted.rfind("<answer>")
+    text = counted[opened + len("<answer>") :] if opened >= 0 else counted
+    line = text.replace("</answer>", "").strip().rsplit("\n", 1)[-1]
+    cut = 0
+    for label in _LABEL.finditer(line):
+        cut = label.end()  # after the last one
+    answer = line[cut:].strip(_MARKUP).rstrip(".").strip(_MARKUP)
+    if not answer:
+        return Extraction(None, "no text to take as the answer")
+    if len(answer) > cap:
+        return Extraction(None, f"answer of {len(answer)} characters exceeds the cap of {cap}")
+    return Extraction(answer)
+
+
+def _counted(response: str) -> str | None:
+    """The text after the last `</think>` (all of it when there is none); None when a `<think>`
+    is left open after it."""
     close = response.rfind("</think>")
     if response.rfind("<think>") > close:
-        return Extraction(None, "unclosed <think>")
-    counted = response[close + len("</think>") :] if close >= 0 else response
+        return None
+    return response[close + len("</think>") :] if close >= 0 else response
+
+
+def _tagged(counted: str, cap: int) -> Extraction:
+    """The last `<answer>...</answer>` span of `counted`, stripped, within `cap`."""
     end = counted.rfind("</answer>")
     start = counted.rfind("<answer>", 0, end) if end >= 0 else -1
     if start < 0:

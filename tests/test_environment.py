@@ -15,6 +15,7 @@ from shared.environment import (
     build_prompt,
     default_answer_text,
     extract_answer,
+    extract_lenient,
     grade_value,
     json_round_trips,
     make_rng,
@@ -60,6 +61,68 @@ def test_extract_answer_caps_the_span() -> None:
     over = extract_answer(f"<answer>{'x' * 4097}</answer>")
     assert over.answer is None and "cap" in over.problem
     assert extract_answer("<answer>12345</answer>", cap=4).answer is None
+
+
+@pytest.mark.parametrize(
+    ("response", "answer"),
+    [
+        ("<answer> 7, 8 </answer> and after: 9", "7, 8"),  # a tagged answer: the strict one
+        ("<answer>1</answer> then <answer>2</answer>", "2"),
+        ("<answer></answer>\nAnswer: 3", ""),  # the tags said what the answer is
+        ("42", "42"),  # no tags: the last line
+        ("reasoning first\n\napple, banana, cherry\n", "apple, banana, cherry"),
+        ("The length is 3.", "3"),  # after the last label mark, trailing period dropped
+        ("Final answer: **12**", "12"),
+        ("so x = 5", "5"),
+        ("This is the answer: <word>", "word"),  # copy_word's untagged answers
+        ("`3`.", "3"),
+        ("3  \n\t \n", "3"),  # trailing whitespace and blank lines
+        ("steps...\n<answer>4, 5", "4, 5"),  # an answer cut short before its closing tag
+        ("<answer>a\nb", "b"),
+        ("6</answer>", "6"),  # a stray closing tag is dropped
+        ("<think>maybe 1</think>\nIt is 2", "2"),
+        ("<think>a</think>b<think>c</think>\n7", "7"),
+        ("</think>9", "9"),  # template-opened thinking
+        ("x\n" * 200_000 + "5", "5"),  # a very long completion
+    ],
+)
+def test_extract_lenient_takes_the_tagged_answer_else_the_last_line(
+    response: str, answer: str
+) -> None:
+    assert extract_lenient(response).answer == answer
+
+
+@pytest.mark.parametrize(
+    ("response", "problem"),
+    [
+        ("", "no text"),
+        ("   \n\t\n ", "no text"),
+        ("The answer is:", "no text"),
+        ("<think>the answer is 3", "unclosed <think>"),  # thinking never ended: as strict
+        ("<think>a</think> 3 <think>b", "unclosed <think>"),
+        (f"<answer>{'x' * 4097}</answer>", "cap"),  # a tagged span over the cap: as strict
+        ("x" * 4097, "cap"),
+    ],
+)
+def test_extract_lenient_gives_no_answer(response: str, problem: str) -> None:
+    extraction = extract_lenient(response)
+    assert extraction.answer is None
+    assert problem in extraction.problem
+
+
+def test_extract_lenient_caps_the_answer_not_the_completion() -> None:
+    assert extract_lenient("y" * 100_000 + "\n" + "x" * 4096).answer == "x" * 4096
+    assert extract_lenient("12345", cap=4).answer is None
+    assert extract_lenient("reasoning\n" * 1000 + "1234", cap=4).answer == "1234"
+
+
+def test_extract_lenient_agrees_with_strict_wherever_strict_finds_an_answer() -> None:
+    for response in (
+        "<answer>x</answer>",
+        "a <answer> y </answer> b",
+        "<think></think><answer>z</answer>",
+    ):
+        assert extract_lenient(response) == extract_answer(response)
 
 
 @pytest.mark.parametrize(
