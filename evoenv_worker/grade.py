@@ -1,5 +1,6 @@
 """Sampling and grading in the sandbox: the `sample`, `grade` and `constant_baseline` jobs as
-plain functions. Outcomes and rewards: docs/CONTRACT.md#grades.
+plain functions, and the lenient answers' rewards of an evaluation. Outcomes and rewards:
+docs/CONTRACT.md#grades.
 """
 
 from __future__ import annotations
@@ -11,7 +12,14 @@ import structlog
 from evoenv_worker.sandbox.host import OpResult, Sandbox
 from shared.baseline import best_constant, candidates
 from shared.config import Settings
-from shared.environment import ORACLE_KINDS, Grade, build_prompt, extract_answer, grade_value
+from shared.environment import (
+    ORACLE_KINDS,
+    Grade,
+    build_prompt,
+    extract_answer,
+    extract_lenient,
+    grade_value,
+)
 from shared.messages import (
     ConstantBaseline,
     ConstantJob,
@@ -142,6 +150,43 @@ def grade_group(sandbox: Sandbox, job: SolverJob, settings: Settings) -> GradedG
             )
         )
     return _group(job, graded, SolverGroupData(env_error=instance_error or None))
+
+
+def lenient_rewards(
+    sandbox: Sandbox, job: SolverJob, group: GradedGroup, settings: Settings
+) -> list[float | None]:
+    """Per completion of the graded `group`, the reward of its answer taken leniently
+    (`extract_lenient`): a measurement, never a training reward. None where the strict grade is
+    an `env_error`; the strict reward where there was a strict answer (the lenient one is the
+    same); otherwise 0.0 where no answer can be taken, else the environment's score of it,
+    given by a `grade` op of its own in the sandbox, as the strict answers are scored (0.0
+    where the scorer fails on it or the op fails, as a constant's score counts it)."""
+    cap = settings.validation.answer_cap
+    rewards: list[float | None] = []
+    asked: dict[int, str] = {}
+    for k, completion in enumerate(group.completions):
+        if completion.outcome != "format_error":
+            rewards.append(completion.reward)
+            continue
+        rewards.append(0.0)
+        answer = extract_lenient(completion.text, cap).answer
+        if answer is not None:
+            asked[k] = answer
+    if not asked:
+        return rewards
+    answers: list[str | None] = list(asked.values())
+    (result,) = sandbox.run(
+        job.env.source,
+        [grade_op(job.seed, job.difficulty, answers)],
+        filename=f"{job.env.name}.py",
+        op_seconds=grade_op_seconds(settings, len(answers)),
+    )
+    grades, reason = read_grades(result, answers)
+    if reason:
+        log.warning("lenient_grading_failed", env=job.env.name, seed=job.seed, reason=reason)
+    for k, grade in zip(asked, grades, strict=False):  # no grades when the op failed
+        rewards[k] = (grade.reward if grade else None) or 0.0
+    return rewards
 
 
 def _group(job: SolverJob, graded: list[GradedCompletion], data: SolverGroupData) -> GradedGroup:

@@ -170,9 +170,10 @@ def sample(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
 @app.task(name="evoenv.grade", base=JobTask, bind=True)
 def grade(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
     """Grade a solver job's completions in one sandbox call; append the group to the stream.
-    Returns each completion's reward and extracted answer text (None: no answer span)."""
-    from evoenv_worker.grade import grade_group
-    from shared.environment import extract_answer
+    Returns each completion's reward and extracted answer text (None: no answer span); for a
+    `lenient` job also each one's lenient answer and its reward (`grade.lenient_rewards`)."""
+    from evoenv_worker.grade import grade_group, lenient_rewards
+    from shared.environment import extract_answer, extract_lenient
     from shared.rollouts import append_group
 
     job = self.decode(SolverJob, payload)
@@ -187,13 +188,17 @@ def grade(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
         rewards=[c.reward for c in group.completions],
     )
     cap = ctx.settings.validation.answer_cap
-    return {
+    result = {
         "group_id": group.group_id,
         "entry": entry,
         "duplicate": entry is None,
         "rewards": [c.reward for c in group.completions],
         "answers": [extract_answer(c.text, cap).answer for c in group.completions],
     }
+    if job.lenient:
+        result["lenient_rewards"] = lenient_rewards(ctx.sandbox(), job, group, ctx.settings)
+        result["lenient_answers"] = [extract_lenient(c.text, cap).answer for c in group.completions]
+    return result
 
 
 @app.task(name="evoenv.constant_baseline", base=JobTask, bind=True)

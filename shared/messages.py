@@ -212,6 +212,9 @@ class SolverJob(Message):
     """Longest prompt served, in tokens (estimated); longer ones are not served."""
     over_budget: bool = False
     """Set by `sample` when the prompt was over budget: no completions, no training."""
+    lenient: bool = False
+    """Also score each answer taken leniently (`extract_lenient`): the held-out evaluation's
+    content measure, returned by the `grade` job beside the rewards, never trained on."""
 
 
 class GradedCompletion(CompletionRecord):
