@@ -152,11 +152,14 @@ def evaluate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Pass rate of the served policy on held-out instances, each environment's and the overall
-    one with a 95 % interval, beside each environment's best constant answer (the one answer
-    text that, written for every instance, passes most of them) and its score on the same
-    instances. --json: the overall pass_rate, instances, ci_low, ci_high, pass_rate_NAME, and
-    environments: {NAME: {"pass_rate", "instances", "ci_low", "ci_high", "best_constant":
-    {"answer", "score"} (null: not found), "records": one {"seed", "reward", "answer",
+    one with a 95 % interval, strict (the answer in its tags) and lenient (the answer taken
+    leniently: the tagged one, else the last line; docs/CONTRACT.md), beside each environment's
+    best constant answer (the one answer text that, written for every instance, passes most of
+    them) and its score on the same instances. --json: the overall pass_rate, instances,
+    ci_low, ci_high, lenient_pass_rate, lenient_ci_low, lenient_ci_high, pass_rate_NAME, and
+    environments: {NAME: {"pass_rate", "instances", "ci_low", "ci_high", "lenient_pass_rate",
+    "lenient_ci_low", "lenient_ci_high", "best_constant": {"answer", "score"} (null: not
+    found), "records": one {"seed", "reward", "answer", "lenient_reward", "lenient_answer",
     "reference", "constant_reward"} per instance counted}}.
 
     --suite reasoning-gym: pass rate and mean score on reasoning-gym tasks (exit 3: no server).
@@ -263,29 +266,34 @@ CONSTANT_SHOWN = 24
 
 
 def _held_out_table(result: dict[str, Any]) -> Table:
-    """Each environment's pass rate and interval beside its best constant answer and that
-    answer's score ("-": not found, or not computed)."""
+    """Each environment's pass rate and interval, strict then lenient ("-": not measured),
+    beside its best constant answer with that answer's score in brackets ("-": not found, or
+    not computed)."""
     table = Table(title=f"held-out pass rate [95 % interval] ({result['instances']} instances)")
     table.add_column("environment")
     # numbers whole: on a narrow terminal the names and the constant are cut, not the interval
     table.add_column("pass rate", no_wrap=True, min_width=len("0.00 [0.00, 0.00]"))
-    table.add_column("best constant")
-    table.add_column("constant's score", min_width=len("0.00"))
+    table.add_column("lenient pass rate", no_wrap=True, min_width=len("0.00 [0.00, 0.00]"))
+    table.add_column("constant (score)")
     for name, env in result["environments"].items():
         constant = env.get("best_constant")
         table.add_row(
             name,
             _rate(env),
-            Text(_quoted(constant["answer"])) if constant else "-",
-            f"{constant['score']:.2f}" if constant else "-",
+            _rate(env, "lenient_"),
+            Text(f"{_quoted(constant['answer'])} ({constant['score']:.2f})") if constant else "-",
         )
-    table.add_row("all", _rate(result))
+    table.add_row("all", _rate(result), _rate(result, "lenient_"))
     return table
 
 
-def _rate(summary: dict[str, Any]) -> str:
-    """A pass rate and its interval: "0.50 [0.19, 0.81]"."""
-    return f"{summary['pass_rate']:.2f} [{summary['ci_low']:.2f}, {summary['ci_high']:.2f}]"
+def _rate(summary: dict[str, Any], kind: str = "") -> str:
+    """A pass rate and its interval: "0.50 [0.19, 0.81]"; `kind` "lenient_": the lenient one
+    ("-" where there is none)."""
+    if f"{kind}pass_rate" not in summary:
+        return "-"
+    rate, low, high = (summary[f"{kind}{key}"] for key in ("pass_rate", "ci_low", "ci_high"))
+    return f"{rate:.2f} [{low:.2f}, {high:.2f}]"
 
 
 def _quoted(answer: str) -> str:

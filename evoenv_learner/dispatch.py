@@ -129,6 +129,7 @@ class SolverDispatch:
         difficulty: int | None = None,
         group_size: int | None = None,
         temperature: float | None = None,
+        lenient: bool = False,
     ) -> SolverJob:
         g = self.settings.grpo
         return SolverJob(
@@ -141,6 +142,7 @@ class SolverDispatch:
             temperature=g.temperature if temperature is None else temperature,
             max_tokens=g.max_tokens,
             prompt_budget=self.settings.learner.prompt_budget,
+            lenient=lenient,
         )
 
     def send_chain(self, job: SolverJob) -> Any:

@@ -1,7 +1,7 @@
 """Held-out evaluation: the served policy on instances from the evaluation seed range, which
 training never draws from. One greedy completion per instance, graded in the sandbox like any
-group, on a stream of its own (`RUN-eval`) so it never reaches training. What it returns: see
-`evaluate`.
+group (and its answer taken leniently too), on a stream of its own (`RUN-eval`) so it never
+reaches training. What it returns: see `evaluate`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from evoenv_learner.pool import PoolEntry
 
 Record = dict[str, Any]
-"""One counted instance: {"seed", "reward", "answer", "reference", "constant_reward"}."""
+"""One counted instance: {"seed", "reward", "answer", "lenient_reward", "lenient_answer",
+"reference", "constant_reward"}."""
 
 log = structlog.get_logger(__name__)
 
@@ -42,14 +43,19 @@ async def evaluate(
 
     One completion per instance at temperature 0 (the policy's greedy answer). Returns one dict
     (what `evoenv eval --json` prints); an instance counts when it has a reward, and passes
-    when that reward is exactly 1.0:
+    when that reward is exactly 1.0. Beside each strict pass rate, its lenient one: the same
+    instances, passing when the answer taken leniently (`extract_lenient`: the tagged answer,
+    else the completion's last line) scores exactly 1.0, by the environment's scorer in the
+    sandbox (`grade.lenient_rewards`); strict tells format and content together, lenient
+    content alone:
 
-    - `pass_rate`, `instances`, `ci_low`, `ci_high`: over all environments (95 % Wilson
-      interval);
+    - `pass_rate`, `instances`, `ci_low`, `ci_high`, `lenient_pass_rate`, `lenient_ci_low`,
+      `lenient_ci_high`: over all environments (95 % Wilson intervals);
     - `pass_rate_NAME`: each environment's pass rate (flat, as the archive's eval rows and the
       report have always read it);
-    - `environments`: {NAME: {"pass_rate", "instances", "ci_low", "ci_high"}}, one object per
-      environment with counted instances, with its own 95 % Wilson interval.
+    - `environments`: {NAME: {"pass_rate", "instances", "ci_low", "ci_high",
+      "lenient_pass_rate", "lenient_ci_low", "lenient_ci_high"}}, one object per environment
+      with counted instances, with its own 95 % Wilson intervals.
 
     With `baseline` (`evoenv eval` sets it; the learner's periodic evaluation does not), each
     environment's object also holds the best constant answer (`shared/baseline.py`) on exactly
@@ -59,9 +65,10 @@ async def evaluate(
 
     - `best_constant`: {"answer": str, "score": float} (score: the share of the instances the
       constant passes, as `pass_rate` counts the policy's), or None when the job failed;
-    - `records`: one {"seed", "reward", "answer", "reference", "constant_reward"} per counted
-      instance, in seed order: the policy's reward and extracted answer text (None: no answer
-      span), the reference answer text and the best constant's reward (None when the job
+    - `records`: one {"seed", "reward", "answer", "lenient_reward", "lenient_answer",
+      "reference", "constant_reward"} per counted instance, in seed order: the policy's reward
+      and extracted answer text (None: no answer span), the same for its answer taken
+      leniently, the reference answer text and the best constant's reward (None when the job
       failed). The instances the best constant does not pass (constant_reward != 1.0) are the
       non-modal ones.
     """
@@ -79,13 +86,17 @@ async def evaluate(
                 difficulty=level,
                 group_size=1,
                 temperature=0.0,
+                lenient=True,
             )
             jobs.append((entry, job))
     graded = await chain_results([solvers.send_chain(job) for _, job in jobs], stop)
     records = counted(jobs, graded)
     passes = {name: [float(r["reward"] == 1.0) for r in rs] for name, rs in records.items()}
-    out = summarise(passes)
-    out["environments"] = per_environment(passes)
+    lenient = {
+        name: [float(r["lenient_reward"] == 1.0) for r in rs] for name, rs in records.items()
+    }
+    out = summarise(passes, lenient)
+    out["environments"] = per_environment(passes, lenient)
     if baseline:
         for name, found in (await with_baselines(jobs, records, stop)).items():
             out["environments"][name].update(found)
@@ -96,18 +107,26 @@ def counted(
     jobs: list[tuple[PoolEntry, SolverJob]], graded: list[dict[str, Any] | None]
 ) -> dict[str, list[Record]]:
     """Per environment, a record of each instance that has a reward (the pass rate's
-    instances), in seed order; the reference and the constant's reward still None."""
+    instances), in seed order; the reference and the constant's reward still None. A result
+    without lenient rewards (a worker that does not take answers leniently) gives the strict
+    ones."""
     records: dict[str, list[Record]] = {}
     for (entry, job), result in zip(jobs, graded, strict=True):
         rewards = result.get("rewards", []) if result else []
         answers = result.get("answers", []) if result else []
-        for reward, answer in zip(rewards, answers, strict=True):
+        lenient_rewards = (result or {}).get("lenient_rewards", rewards)
+        lenient_answers = (result or {}).get("lenient_answers", answers)
+        for reward, answer, lenient_reward, lenient_answer in zip(
+            rewards, answers, lenient_rewards, lenient_answers, strict=True
+        ):
             if reward is not None:
                 records.setdefault(entry.name, []).append(
                     {
                         "seed": job.seed,
                         "reward": float(reward),
                         "answer": answer,
+                        "lenient_reward": float(lenient_reward or 0.0),
+                        "lenient_answer": lenient_answer,
                         "reference": None,
                         "constant_reward": None,
                     }
@@ -159,27 +178,45 @@ async def with_baselines(
     return out
 
 
-def summarise(rewards: dict[str, list[float]]) -> dict[str, Any]:
-    """Pass rate per environment and overall, with a 95 % Wilson interval on the overall one."""
+def summarise(
+    rewards: dict[str, list[float]], lenient: dict[str, list[float]] | None = None
+) -> dict[str, Any]:
+    """Pass rate per environment and overall, with a 95 % Wilson interval on the overall one;
+    with `lenient` (the same instances' lenient passes), the overall lenient rate and its
+    interval too."""
     everything = [r for values in rewards.values() for r in values]
     total = len(everything)
     rate = sum(everything) / total if total else 0.0
     low, high = wilson(rate, total)
     out: dict[str, Any] = {"pass_rate": rate, "instances": total, "ci_low": low, "ci_high": high}
+    if lenient is not None:
+        out |= _lenient_rate([r for values in lenient.values() for r in values])
     for name, values in sorted(rewards.items()):
         out[f"pass_rate_{name}"] = sum(values) / len(values)
     return out
 
 
-def per_environment(rewards: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
+def per_environment(
+    rewards: dict[str, list[float]], lenient: dict[str, list[float]] | None = None
+) -> dict[str, dict[str, Any]]:
     """{NAME: {"pass_rate", "instances", "ci_low", "ci_high"}}, by name, of every environment with
-    rewards: its pass rate with its own 95 % Wilson interval."""
+    rewards: its pass rate with its own 95 % Wilson interval; with `lenient`, also
+    "lenient_pass_rate", "lenient_ci_low" and "lenient_ci_high"."""
     out: dict[str, dict[str, Any]] = {}
     for name, values in sorted(rewards.items()):
         rate = sum(values) / len(values)
         low, high = wilson(rate, len(values))
         out[name] = {"pass_rate": rate, "instances": len(values), "ci_low": low, "ci_high": high}
+        if lenient is not None:
+            out[name] |= _lenient_rate(lenient[name])
     return out
+
+
+def _lenient_rate(passes: list[float]) -> dict[str, float]:
+    """{"lenient_pass_rate", "lenient_ci_low", "lenient_ci_high"} of these lenient passes."""
+    rate = sum(passes) / len(passes) if passes else 0.0
+    low, high = wilson(rate, len(passes))
+    return {"lenient_pass_rate": rate, "lenient_ci_low": low, "lenient_ci_high": high}
 
 
 def wilson(rate: float, n: int, z: float = 1.96) -> tuple[float, float]:

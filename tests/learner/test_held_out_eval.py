@@ -14,7 +14,7 @@ from rich.console import Console
 
 from evoenv_cli.training import _held_out_table
 from evoenv_learner import jobs
-from evoenv_learner.held_out import evaluate, per_environment, summarise, wilson
+from evoenv_learner.held_out import counted, evaluate, per_environment, summarise, wilson
 from evoenv_learner.pool import PoolEntry
 from shared.environment import EVAL_SEEDS
 from shared.messages import ConstantBaseline
@@ -22,7 +22,10 @@ from shared.messages import ConstantBaseline
 N = 4
 PASSED = {"parity": [1.0, 0.0, 1.0, 1.0], "at_least": [0.0, 0.5, None, 0.0]}
 """Per environment, the policy's reward on each held-out instance (None: no reward, uncounted)."""
+LENIENT = {"parity": [1.0, 1.0, 1.0, 1.0], "at_least": [1.0, 0.5, None, 0.0]}
+"""The reward of each one's answer taken leniently (the strict one where there was one)."""
 KEYS = {"pass_rate", "instances", "ci_low", "ci_high"}
+LENIENT_KEYS = {"lenient_pass_rate", "lenient_ci_low", "lenient_ci_high"}
 
 
 class Done:
@@ -45,8 +48,16 @@ class Chains:
         return SimpleNamespace(env=entry.name, **job)
 
     def send_chain(self, job: Any) -> Done:
-        reward = PASSED[job.env][job.seed - EVAL_SEEDS.start]
-        return Done({"rewards": [reward], "answers": ["EVEN"]})
+        assert job.lenient
+        k = job.seed - EVAL_SEEDS.start
+        return Done(
+            {
+                "rewards": [PASSED[job.env][k]],
+                "answers": ["EVEN"],
+                "lenient_rewards": [LENIENT[job.env][k]],
+                "lenient_answers": ["even"],
+            }
+        )
 
 
 def entry(name: str) -> PoolEntry:
@@ -94,10 +105,22 @@ def test_without_baseline_each_environment_has_its_rate_and_interval_only() -> N
         "instances": 7,
     }
     assert (result["ci_low"], result["ci_high"]) == wilson(3 / 7, 7)
+    assert result["lenient_pass_rate"] == 5 / 7
+    assert (result["lenient_ci_low"], result["lenient_ci_high"]) == wilson(5 / 7, 7)
     assert result["pass_rate_parity"] == 0.75 and result["pass_rate_at_least"] == 0.0
     assert result["environments"] == {
-        "at_least": {"pass_rate": 0.0, "instances": 3, **interval(0.0, 3)},
-        "parity": {"pass_rate": 0.75, "instances": 4, **interval(0.75, 4)},
+        "at_least": {
+            "pass_rate": 0.0,
+            "instances": 3,
+            **interval(0.0, 3),
+            **lenient_interval(1 / 3, 3),
+        },
+        "parity": {
+            "pass_rate": 0.75,
+            "instances": 4,
+            **interval(0.75, 4),
+            **lenient_interval(1, 4),
+        },
     }
 
 
@@ -110,11 +133,14 @@ def test_with_baseline_each_environment_has_its_best_constant_and_records(
     parity, at_least = result["environments"]["parity"], result["environments"]["at_least"]
     assert parity["pass_rate"] == 0.75 and parity["instances"] == 4
     assert parity["best_constant"] == {"answer": "even", "score": 0.75}
-    assert set(parity) == set(at_least) == KEYS | {"best_constant", "records"}
+    assert set(parity) == set(at_least) == KEYS | LENIENT_KEYS | {"best_constant", "records"}
     assert [
         (r["seed"] - EVAL_SEEDS.start, r["reward"], r["reference"], r["constant_reward"])
         for r in parity["records"]
     ] == [(0, 1.0, "even", 1.0), (1, 0.0, "odd", 0.0), (2, 1.0, "even", 1.0), (3, 1.0, "even", 1.0)]
+    assert [(r["lenient_reward"], r["lenient_answer"]) for r in parity["records"]] == [
+        (1.0, "even")
+    ] * 4
     assert at_least["best_constant"] is None
     assert [r["seed"] - EVAL_SEEDS.start for r in at_least["records"]] == [0, 1, 3]
     assert all(r["reference"] is None and r["constant_reward"] is None for r in at_least["records"])
@@ -127,6 +153,21 @@ def test_with_baseline_each_environment_has_its_best_constant_and_records(
 def interval(rate: float, n: int) -> dict[str, float]:
     low, high = wilson(rate, n)
     return {"ci_low": low, "ci_high": high}
+
+
+def lenient_interval(rate: float, n: int) -> dict[str, float]:
+    low, high = wilson(rate, n)
+    return {"lenient_pass_rate": rate, "lenient_ci_low": low, "lenient_ci_high": high}
+
+
+def test_a_worker_without_lenient_rewards_gives_the_strict_ones() -> None:
+    jobs = [(entry("parity"), SimpleNamespace(seed=EVAL_SEEDS.start + k)) for k in range(2)]
+    graded = [{"rewards": [1.0], "answers": ["even"]}, {"rewards": [0.0], "answers": [None]}]
+    records = counted(jobs, graded)["parity"]  # type: ignore[arg-type]
+    assert [(r["lenient_reward"], r["lenient_answer"]) for r in records] == [
+        (1.0, "even"),
+        (0.0, None),
+    ]
 
 
 def test_per_environment_gives_each_its_own_wilson_interval() -> None:
@@ -150,20 +191,30 @@ def shown(rate: float, n: int) -> str:
     return f"{rate:.2f} [{low:.2f}, {high:.2f}]"
 
 
-def test_the_table_shows_each_environments_interval_then_its_best_constant() -> None:
+def test_the_table_shows_each_environments_intervals_then_its_best_constant() -> None:
     passes = {"parity": [1.0, 0.0, 1.0, 1.0], "at_least": [0.0, 0.0]}
-    result = summarise(passes) | {"environments": per_environment(passes)}
+    lenient = {"parity": [1.0, 1.0, 1.0, 1.0], "at_least": [1.0, 0.0]}
+    result = summarise(passes, lenient) | {"environments": per_environment(passes, lenient)}
     result["environments"]["parity"]["best_constant"] = {"answer": "even", "score": 0.75}
     result["environments"]["at_least"]["best_constant"] = None
     rows = table(result)
-    assert re.search(rf'{re.escape(shown(0.75, 4))}\s+│ "even"\s+│ 0\.75', rows["parity"])
-    assert re.search(rf"{re.escape(shown(0.0, 2))}\s+│ -\s+│ -", rows["at_least"])
-    assert shown(3 / 6, 6) in rows["all"]
+    strict, loose = re.escape(shown(0.75, 4)), re.escape(shown(1.0, 4))
+    assert re.search(rf'{strict}\s+│ {loose}\s+│ "even" \(0\.75\)', rows["parity"])
+    strict, loose = re.escape(shown(0.0, 2)), re.escape(shown(0.5, 2))
+    assert re.search(rf"{strict}\s+│ {loose}\s+│ -\s+│", rows["at_least"])
+    assert re.search(rf"{re.escape(shown(3 / 6, 6))}\s+│ {re.escape(shown(5 / 6, 6))}", rows["all"])
 
 
 def test_without_baseline_the_table_shows_dashes_and_a_narrow_one_keeps_the_intervals() -> None:
     passes = {"an_environment_with_a_long_name": [1.0, 0.0, 1.0]}
-    result = summarise(passes) | {"environments": per_environment(passes)}
-    rows = table(result, width=50)
+    lenient = {"an_environment_with_a_long_name": [1.0, 1.0, 1.0]}
+    result = summarise(passes, lenient) | {"environments": per_environment(passes, lenient)}
+    rows = table(result, width=60)
     (row,) = (line for name, line in rows.items() if name != "all")
-    assert shown(2 / 3, 3) in row and row.count("-") >= 2
+    assert shown(2 / 3, 3) in row and shown(1.0, 3) in row and re.search(r"│ -\s+│$", row)
+
+
+def test_a_result_without_lenient_rates_shows_a_dash_for_them() -> None:
+    passes = {"parity": [1.0, 0.0]}
+    rows = table(summarise(passes) | {"environments": per_environment(passes)})
+    assert re.search(rf"{re.escape(shown(0.5, 2))}\s+│ -\s+│", rows["parity"])

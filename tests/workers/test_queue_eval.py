@@ -1,6 +1,6 @@
 """`evoenv eval` (held-out) through real workers and a stand-in model server: each
-environment's pass rate and interval beside its best constant answer, in the table and in
-`--json` (one object per environment under `environments`).
+environment's pass rates (strict and lenient) and intervals beside its best constant answer, in
+the table and in `--json` (one object per environment under `environments`).
 
 The stand-in answers every prompt with the same text, so the policy is itself a constant: on
 the equality environment (parity, whose scorer ignores case) it passes exactly the even
@@ -101,14 +101,43 @@ def test_json_has_one_object_per_environment_with_its_interval_and_best_constant
     assert result["pass_rate_at_least"] == 0.0
 
 
-def test_the_table_shows_each_interval_and_the_best_constant_beside_the_pass_rate(
+def test_the_table_shows_each_interval_and_the_best_constant_beside_the_pass_rates(
     cluster: Cluster,
 ) -> None:
     table = evoenv_eval(cluster)
     rows = {line.split("│")[1].strip(): line for line in table.splitlines() if "│" in line}
-    assert "best constant" in table and "constant's score" in table
-    assert f"0.00 [0.00, {wilson(0.0, N)[1]:.2f}]" in rows["at_least"]
-    assert "1.00" in rows["at_least"] and '"' in rows["at_least"]
+    assert "lenient pass rate" in table and "constant (score)" in table
+    nothing = f"0.00 [0.00, {wilson(0.0, N)[1]:.2f}]"
+    assert rows["at_least"].count(nothing) == 2  # strict and lenient: every answer tagged
+    assert "(1.00)" in rows["at_least"] and '"' in rows["at_least"]
     assert '"even"' in rows["parity"] or '"odd"' in rows["parity"]
-    assert re.search(r"\d\.\d\d \[\d\.\d\d, \d\.\d\d\]", rows["parity"])
-    assert re.search(r"\d\.\d\d \[\d\.\d\d, \d\.\d\d\]", rows["all"])
+    interval = r"\d\.\d\d \[\d\.\d\d, \d\.\d\d\]"
+    assert re.search(rf"{interval}\s+│ {interval}", rows["parity"])
+    assert re.search(rf"{interval}\s+│ {interval}", rows["all"])
+
+
+def test_json_has_the_lenient_rate_of_answers_without_tags_scored_by_the_environment(
+    cluster: Cluster, server: FakeServer
+) -> None:
+    route = ("POST", "/v1/chat/completions")
+    tagged = server.routes[route]
+    status, body = tagged
+    choice = {**body["choices"][0], "message": {"content": f"It is {ANSWER}.\n"}}
+    server.routes[route] = (status, {**body, "choices": [choice]})
+    try:
+        result = json.loads(evoenv_eval(cluster, "--json", "-e", "parity"))
+    finally:
+        server.routes[route] = tagged
+    parity = result["environments"]["parity"]
+    records = parity["records"]
+    evens = sum(r["reference"] == "even" for r in records)
+    assert [(r["answer"], r["reward"]) for r in records] == [(None, 0.0)] * N  # no tags
+    assert [r["lenient_answer"] for r in records] == [ANSWER] * N
+    assert [r["lenient_reward"] for r in records] == [
+        float(r["reference"] == "even") for r in records
+    ]
+    assert (parity["pass_rate"], parity["lenient_pass_rate"]) == (0.0, evens / N)
+    assert (parity["lenient_ci_low"], parity["lenient_ci_high"]) == wilson(evens / N, N)
+    assert (result["lenient_pass_rate"], result["pass_rate"]) == (evens / N, 0.0)
+    assert (result["lenient_ci_low"], result["lenient_ci_high"]) == wilson(evens / N, N)
+    assert parity["best_constant"]["score"] == max(evens, N - evens) / N  # beside them
