@@ -7,12 +7,14 @@ instead (`expire_group`; docs/DESIGN.md#generation-groups)."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
 from evoenv_worker.novelty import EnvEmbedding, novelty, similarity
+from evoenv_worker.repair_turns import RepairTurns
 from evoenv_worker.verdict import KEEP_SECONDS, admission_stats, embedding_of, generation_key
 from shared import keys
 from shared.config import Settings
@@ -21,6 +23,7 @@ from shared.groups import GroupTracker
 from shared.inference import Sampling
 from shared.messages import (
     CandidateRef,
+    CompletionRecord,
     GeneratorGroupData,
     GradedCompletion,
     GradedGroup,
@@ -44,30 +47,36 @@ log = structlog.get_logger(__name__)
 
 
 def propose(ctx: WorkerContext, job: ProposalJob) -> list[ValidateJob]:
-    """Sample G candidates; open their generation group; one validation job per candidate
-    (none for a group the learner gave up on, expired before or while its proposal ran)."""
+    """Sample G candidates (a repair group: one repair per candidate of the group it repairs
+    that failed L1-L5); open their generation group, its mode recorded; one validation job
+    per candidate (none for a group the learner gave up on, expired before or while its
+    proposal ran, nor for a repair group with nothing to repair)."""
     from evoenv_worker.proposal_code import prompt_text, written_code
-    from evoenv_worker.solver_completions import record
+    from shared.proposal_modes import own_task_of
 
     tracker = GroupTracker(ctx.redis(), job.run)
     if tracker.expired(generation_key(job.group_id)):
         log.info("proposal_skipped", group_id=job.group_id, detail="its group expired")
         return []
-    sampling = Sampling(n=job.group_size, temperature=job.temperature, max_tokens=job.max_tokens)
-    completions = [record(c) for c in ctx.inference().chat(job.messages, sampling)]
-    prompt = prompt_text(job.messages)
-    open_group(
-        ctx,
-        job.run,
-        job.group_id,
-        len(completions),
-        {
-            "prompt": prompt,
-            "parents": job.parents,
-            "run": job.run,
-            "completions": [c.model_dump(mode="json") for c in completions],
-        },
-    )
+    asked = _prompts(ctx, job)
+    if not asked.prompts:
+        log.info("proposal_skipped", group_id=job.group_id, detail="nothing to repair")
+        return []
+    completions = _sample(ctx, job, asked.prompts)
+    prompts = [prompt_text(messages) for messages in asked.prompts]
+    meta: dict[str, Any] = {
+        "prompt": prompts[0],
+        "parents": asked.parents,
+        "run": job.run,
+        "completions": [c.model_dump(mode="json") for c in completions],
+        "mode": job.mode,
+        "messages": job.messages,
+    }
+    if job.mode == "repair":
+        meta.update(repair_of=job.repair_of, repaired=asked.positions, prompts=prompts)
+    if job.mode == "own_task":
+        meta["tasks"] = [own_task_of(c.text) for c in completions]
+    open_group(ctx, job.run, job.group_id, len(completions), meta)
     if tracker.expired(generation_key(job.group_id)):
         log.info("proposal_skipped", group_id=job.group_id, detail="its group expired meanwhile")
         return []
@@ -77,9 +86,9 @@ def propose(ctx: WorkerContext, job: ProposalJob) -> list[ValidateJob]:
             run=job.run,
             group_id=job.group_id,
             index=index,
-            prompt=prompt,
+            prompt=prompts[index],
             completion=completion,
-            parents=job.parents,
+            parents=asked.parents,
         )
         jobs.append(
             ValidateJob(
@@ -92,6 +101,32 @@ def propose(ctx: WorkerContext, job: ProposalJob) -> list[ValidateJob]:
             )
         )
     return jobs
+
+
+def _prompts(ctx: WorkerContext, job: ProposalJob) -> RepairTurns:
+    """What each candidate is asked: G times the job's prompt, or a repair's turns."""
+    from evoenv_worker.repair_turns import repair_turns
+
+    if job.mode == "repair" and job.repair_of is not None:
+        return repair_turns(ctx, job.run, job.repair_of, job.group_size)
+    return RepairTurns([job.messages] * job.group_size, [], job.parents)
+
+
+def _sample(
+    ctx: WorkerContext, job: ProposalJob, prompts: list[list[dict[str, str]]]
+) -> list[CompletionRecord]:
+    """One completion per prompt; one request of n = G when they are all the same prompt,
+    else one request each, all in flight together (the server batches them)."""
+    from evoenv_worker.solver_completions import record
+
+    client = ctx.inference()
+    if all(p is prompts[0] for p in prompts):
+        sampling = Sampling(n=len(prompts), temperature=job.temperature, max_tokens=job.max_tokens)
+        return [record(c) for c in client.chat(prompts[0], sampling)]
+    one = Sampling(n=1, temperature=job.temperature, max_tokens=job.max_tokens)
+    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        answers = list(pool.map(lambda messages: client.chat(messages, one), prompts))
+    return [record(c) for answer in answers for c in answer]
 
 
 def open_group(
@@ -141,7 +176,7 @@ def finalize_group(ctx: WorkerContext, run: str, group_id: str) -> GradedGroup:
     completions = [completion for completion, _ in graded]
     group = _generator_group(run, group_id, meta, rows, completions, gamma)
     append_group(client, group)
-    _record_group(ctx, group, rows, [parts for _, parts in graded], gamma)
+    _record_group(ctx, group, rows, [parts for _, parts in graded], gamma, meta)
     log.info(
         "generation_group_done",
         group_id=group_id,
@@ -274,16 +309,32 @@ def _record_group(
     rows: list[Candidate],
     parts: list[RewardParts | None],
     gamma: float,
+    meta: dict[str, Any],
 ) -> None:
     """The group in the archive's metrics (kind `generation`, numbered in the order groups
-    are finalised): each candidate's outcome, reward and the reward's case, for the run
-    report."""
+    are finalised): its proposal mode (and the group a repair group repairs), each
+    candidate's outcome, reward and the reward's case (and the task an `own_task` candidate
+    named), for the run report and the bench."""
     number = int(ctx.redis().incr(keys.generation_count(group.run)))
-    candidates = [
-        {"outcome": row.failed or "admitted", "reward": c.reward, "case": p.case if p else None}
-        for row, c, p in zip(rows, group.completions, parts, strict=True)
-    ]
-    values = {"group_id": group.group_id, "gamma": gamma, "candidates": candidates}
+    tasks = list(meta.get("tasks") or [None] * len(rows))
+    candidates: list[dict[str, Any]] = []
+    for row, c, p, task in zip(rows, group.completions, parts, tasks, strict=True):
+        candidate: dict[str, Any] = {
+            "outcome": row.failed or "admitted",
+            "reward": c.reward,
+            "case": p.case if p else None,
+        }
+        if task is not None:
+            candidate["task"] = task
+        candidates.append(candidate)
+    values: dict[str, Any] = {
+        "group_id": group.group_id,
+        "gamma": gamma,
+        "mode": meta.get("mode", "topic"),
+        "candidates": candidates,
+    }
+    if meta.get("repair_of"):
+        values["repair_of"] = meta["repair_of"]
     ctx.archive().record_metrics(group.run, number, "generation", group.policy_version, values)
 
 
@@ -313,6 +364,8 @@ def _generator_group(
                 "funnel": [r.failed or "admitted" for r in rows],
                 "gamma": gamma,
                 "parents": meta.get("parents", []),
+                "mode": meta.get("mode", "topic"),
+                "repair_of": meta.get("repair_of"),
             }
         ),
     )

@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from shared.messages import ProposalMode
+
 
 class SandboxSettings(BaseModel):
     """Limits and isolation of the sandbox that runs environment code."""
@@ -369,8 +371,22 @@ class LearnerSettings(BaseModel):
     """Pool members shown as complete example files in each proposal prompt."""
     proposal_topics: bool = True
     """Name a task drawn from `proposal_prompt.TOPICS` in each proposal prompt (False: any new task)."""
+    proposal_modes: dict[ProposalMode, float] = {"topic": 1.0}
+    """Draw weights of the proposal modes, a JSON object: topic, mutation, repair, own_task (docs/DESIGN.md#proposal-modes)."""
     run_dir: Path | None = None
     """Checkpoints, TensorBoard logs and reports (None: DATA_DIR/runs/RUN)."""
+
+    @field_validator("proposal_modes")
+    @classmethod
+    def _some_mode_starts(cls, weights: dict[ProposalMode, float]) -> dict[ProposalMode, float]:
+        if any(w < 0 for w in weights.values()):
+            raise ValueError(f"proposal mode weights must be 0 or more, got {weights}")
+        if not any(w > 0 for mode, w in weights.items() if mode != "repair"):
+            raise ValueError(
+                "a proposal mode other than repair needs a positive weight (a repair needs a "
+                f"finished group to repair), got {weights}"
+            )
+        return weights
 
 
 class Settings(BaseSettings):

@@ -9,11 +9,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The version every message is written with:
 
     1  a graded group's `data` is a free dict
     2  it is typed: `SolverGroupData` or `GeneratorGroupData`, by the group's role
+    3  a proposal job and a generation group's data carry the proposal mode (`topic` when
+       read from an older version) and the group a repair is of
 
 A version-1 message is read as it is: the other payloads did not change, and everything
 version 1 put in a graded group's `data` fits its typed model (a stream entry whose data does
@@ -30,6 +32,9 @@ FunnelOutcome = Literal[
 ]
 """A generated candidate's admission outcome: the first stage it failed, `error` (its check
 could not run), or `admitted`."""
+ProposalMode = Literal["topic", "mutation", "repair", "own_task"]
+"""How a generation group's prompt asks for environments (docs/DESIGN.md#proposal-modes)."""
+PROPOSAL_MODES: tuple[ProposalMode, ...] = ("topic", "mutation", "repair", "own_task")
 
 
 def version_problem(version: object) -> str | None:
@@ -247,6 +252,10 @@ class GeneratorGroupData(BaseModel):
     """The repetition factor the novelty bonus of its rewards was computed with."""
     parents: list[str] = Field(default_factory=list)
     """sha of the pool members the proposal prompt showed as examples."""
+    mode: ProposalMode = "topic"
+    """How its prompt asked for environments (`topic` for a group of an older version)."""
+    repair_of: str | None = None
+    """A repair group: the generation group whose failed candidates it repairs."""
 
 
 class GradedGroup(Message):
@@ -356,11 +365,22 @@ class ProposalJob(Message):
     run: str
     group_id: str
     messages: list[dict[str, str]]
-    """The chat messages of the proposal prompt."""
+    """The chat messages of the proposal prompt (a repair's are built by the worker: empty)."""
     parents: list[str] = Field(default_factory=list)
     group_size: int = Field(8, ge=1)
     temperature: float = 1.0
     max_tokens: int = 1536
+    mode: ProposalMode = "topic"
+    """How the prompt asks for environments (docs/DESIGN.md#proposal-modes)."""
+    repair_of: str | None = None
+    """Mode `repair`: the finished generation group whose candidates that failed L1-L5 get one
+    more turn each, with their failing stage's report (at most `group_size` of them)."""
+
+    @model_validator(mode="after")
+    def _repair_names_its_group(self) -> ProposalJob:
+        if (self.mode == "repair") != (self.repair_of is not None):
+            raise ValueError("a repair job, and only a repair job, names the group it repairs")
+        return self
 
 
 ValidateJob.model_rebuild()

@@ -185,13 +185,24 @@ def helpers_first(source: str) -> str:
     return "\n\n\n".join(part for part in (head, helpers, klass) if part) + "\n"
 
 
-def proposal_messages(examples: Sequence[Example], topic: str = "") -> list[dict[str, str]]:
-    """The chat messages asking for one new environment file (about `topic`, if given)."""
-    shown = "\n\n".join(
+SYSTEM = "You write Python reinforcement-learning environments."
+"""The system message of every proposal prompt."""
+REPLY_FORMAT = "Reply with the complete file in a single ```python code block and nothing else."
+
+
+def examples_text(examples: Sequence[Example]) -> str:
+    """The example files as a proposal prompt shows them, helpers above the class."""
+    return "\n\n".join(
         f"Example {i + 1} ({e.oracle} oracle), file {e.name}.py:\n"
         f"```python\n{helpers_first(e.source).strip()}\n```"
         for i, e in enumerate(examples)
     )
+
+
+def proposal_messages(examples: Sequence[Example], topic: str = "") -> list[dict[str, str]]:
+    """The chat messages asking for one new environment file (about `topic`, if given): the
+    `topic` proposal mode, today's prompt."""
+    shown = examples_text(examples)
     names = ", ".join(e.name for e in examples)
     task = (
         f"Its task: {topic}."
@@ -201,10 +212,6 @@ def proposal_messages(examples: Sequence[Example], topic: str = "") -> list[dict
     user = (
         f"{CONTRACT_BRIEF}\n{shown}\n\n"
         f"Write ONE new environment file for a different problem than the examples ({names}). "
-        f'{task} The oracle attribute is only "equality" or "feasibility". Reply with the '
-        "complete file in a single ```python code block and nothing else."
+        f'{task} The oracle attribute is only "equality" or "feasibility". {REPLY_FORMAT}'
     )
-    return [
-        {"role": "system", "content": "You write Python reinforcement-learning environments."},
-        {"role": "user", "content": user},
-    ]
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
