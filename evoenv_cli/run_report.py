@@ -268,6 +268,16 @@ def draw_eval(figure: Figure, data: RunData) -> None:
         linewidth=2,
         label="all environments, 95 % interval",
     )
+    lenient = data.series("lenient_pass_rate", data.evals)
+    if lenient:
+        ax.plot(
+            sorted(lenient),
+            [lenient[s] for s in sorted(lenient)],
+            "s--",
+            color="grey",
+            linewidth=1.5,
+            label="all environments, the answer taken leniently",
+        )
     instances = {row.values.get("instances") for row in data.evals} - {None}
     if len(instances) == 1:
         title += f", {instances.pop()} instances per evaluation"
@@ -583,6 +593,13 @@ def headline(data: RunData) -> list[tuple[str, str]]:
         rows.append(
             ("held-out pass rate, first → last evaluation", " → ".join(_eval_text(r) for r in ends))
         )
+        if all("lenient_pass_rate" in r.values for r in ends):
+            rows.append(
+                (
+                    "held-out lenient pass rate (the answer taken leniently), first → last",
+                    " → ".join(_eval_text(r, "lenient_") for r in ends),
+                )
+            )
         rows.append(("evaluations", str(len(data.evals))))
     totals = funnel_totals(train)
     candidates = sum(totals.values())
@@ -612,9 +629,10 @@ def headline(data: RunData) -> list[tuple[str, str]]:
     return rows
 
 
-def _eval_text(row: MetricRow) -> str:
-    rate = _number(row.values.get("pass_rate")) or 0.0
-    low, high = _number(row.values.get("ci_low")), _number(row.values.get("ci_high"))
+def _eval_text(row: MetricRow, kind: str = "") -> str:
+    """An evaluation's pass rate (`kind` "lenient_": its lenient one) with its interval."""
+    rate = _number(row.values.get(f"{kind}pass_rate")) or 0.0
+    low, high = _number(row.values.get(f"{kind}ci_low")), _number(row.values.get(f"{kind}ci_high"))
     interval = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
     return f"{rate:.3f}{interval} at step {row.step}"
 
