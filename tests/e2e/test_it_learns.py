@@ -67,7 +67,11 @@ pytest tests/e2e/test_it_learns.py`: not gated). Rank 8 at 1e-4, Intel Xeon with
 The line, parsed by whoever reads the output (also in pytest's terminal summary):
 `it-learns: env=NAME difficulty=D n=N before=... after=... best_constant=... answer='A'
 non_modal_before=... non_modal_after=... b=B c=C b_nm=B c_nm=C fmt_err_before=K fmt_err_after=K
-p=X p_non_modal=Y lora_rank=R lr=X`
+p=X p_non_modal=Y lenient_before=... lenient_after=... b_lenient=B c_lenient=C p_lenient=Z
+lora_rank=R lr=X`. The `lenient` figures pair the same instances with each answer taken
+leniently (`evoenv eval`'s lenient pass rate: the tagged answer, else the last line, scored by
+the environment; docs/CONTRACT.md): strict moving with lenient still is format, lenient moving
+is content. They are reported, not gated: the test's margins are on the strict rates.
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ import json
 import math
 import os
 import subprocess
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -166,21 +171,33 @@ def sign_test(b: int, c: int) -> float:
     return sum(math.comb(n, k) for k in range(b, n + 1)) / 2**n if n else 1.0
 
 
-def passes(result: dict[str, Any]) -> dict[int, bool]:
-    return {r["seed"]: r["reward"] == 1.0 for r in result["records"]}
+def passes(result: dict[str, Any], reward: str = "reward") -> dict[int, bool]:
+    """Per seed, whether the instance passed: strict (`reward`) or lenient (`lenient_reward`,
+    its answer taken leniently: docs/CONTRACT.md)."""
+    return {r["seed"]: r[reward] == 1.0 for r in result["records"]}
+
+
+def paired(
+    old: dict[int, bool], new: dict[int, bool], seeds: Collection[int] | None = None
+) -> tuple[int, int]:
+    """(b, c) over `seeds` (default: all): wrong before and right after, right before and wrong
+    after."""
+    chosen = old if seeds is None else seeds
+    return sum(not old[s] and new[s] for s in chosen), sum(old[s] and not new[s] for s in chosen)
 
 
 def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """The paired comparison and the line the test prints."""
+    """The paired comparison and the line the test prints; the same pairs taken leniently
+    (`_lenient`) say whether the content moved or only the format."""
     old, new = passes(before), passes(after)
+    loose_old, loose_new = passes(before, "lenient_reward"), passes(after, "lenient_reward")
     # The best constant of either run (for an equality oracle the two are the same answer).
     best = max(before["best_constant"], after["best_constant"], key=lambda c: c["score"])
     source = before if best is before["best_constant"] else after
     non_modal = {r["seed"] for r in source["records"] if r["constant_reward"] != 1.0}
-    b = sum(not old[s] and new[s] for s in old)
-    c = sum(old[s] and not new[s] for s in old)
-    b_nm = sum(not old[s] and new[s] for s in non_modal)
-    c_nm = sum(old[s] and not new[s] for s in non_modal)
+    b, c = paired(old, new)
+    b_nm, c_nm = paired(old, new, non_modal)
+    b_lenient, c_lenient = paired(loose_old, loose_new)
     n_nm = max(1, len(non_modal))
     out = {
         "before": sum(old.values()) / len(old),
@@ -194,6 +211,11 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         "c_nm": c_nm,
         "p": sign_test(b, c),
         "p_non_modal": sign_test(b_nm, c_nm),
+        "lenient_before": sum(loose_old.values()) / len(loose_old),
+        "lenient_after": sum(loose_new.values()) / len(loose_new),
+        "b_lenient": b_lenient,
+        "c_lenient": c_lenient,
+        "p_lenient": sign_test(b_lenient, c_lenient),
     }
     fmt_before = sum(r["answer"] is None for r in before["records"])
     fmt_after = sum(r["answer"] is None for r in after["records"])
@@ -204,6 +226,8 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         f"non_modal_after={out['non_modal_after']:.3f} b={b} c={c} b_nm={b_nm} c_nm={c_nm} "
         f"fmt_err_before={fmt_before} fmt_err_after={fmt_after} p={out['p']:.2g} "
         f"p_non_modal={out['p_non_modal']:.2g} "
+        f"lenient_before={out['lenient_before']:.3f} lenient_after={out['lenient_after']:.3f} "
+        f"b_lenient={b_lenient} c_lenient={c_lenient} p_lenient={out['p_lenient']:.2g} "
         f"lora_rank={os.environ.get('EVOENV_GRPO__LORA_RANK', '0')} lr={LEARNING_RATE:g}"
     )
     return out
