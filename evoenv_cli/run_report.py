@@ -720,17 +720,21 @@ def groups_table(rows: Sequence[MetricRow], shown: int = GROUPS_SHOWN) -> list[s
     lines = [
         f"Generation groups, {which} in the order they were finalised: each candidate's "
         'outcome and generator reward, in candidate order (docs/CONTRACT.md, "The '
-        "generator's reward\"). `error`: a check could not run (no reward).",
+        "generator's reward\"). `error`: a check could not run (no reward). Mode: how the "
+        "prompt asked (docs/DESIGN.md#proposal-modes).",
         "",
-        "| # | group | version | gamma | candidates: outcome reward |",
-        "| ---: | --- | ---: | ---: | --- |",
+        "| # | group | mode | version | gamma | candidates: outcome reward |",
+        "| ---: | --- | --- | ---: | ---: | --- |",
     ]
     for row in last:
         values = row.values
         cells = [_candidate_text(c) for c in values.get("candidates", [])]
         gamma = _number(values.get("gamma"))
+        mode = str(values.get("mode", "topic"))
+        if values.get("repair_of"):
+            mode += f" of `{str(values['repair_of'])[:8]}`"
         lines.append(
-            f"| {row.step} | `{str(values.get('group_id', ''))[:8]}` | {row.version} | "
+            f"| {row.step} | `{str(values.get('group_id', ''))[:8]}` | {mode} | {row.version} | "
             f"{'–' if gamma is None else f'{gamma:.2f}'} | {' · '.join(cells)} |"
         )
     return lines

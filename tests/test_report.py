@@ -269,9 +269,12 @@ def test_the_report_lists_each_generation_groups_outcomes_and_rewards(tmp_path: 
     write_report(archive, RUN, tmp_path / "report")
     text = (tmp_path / "report" / "report.md").read_text()
     assert (
-        "| 1 | `01234567` | 3 | 2.00 | admitted +2.17 · calibration +1.32 · review -0.50 (too "
-        "similar) · novelty -0.50 · L2 -0.90 · error – |"
+        "| 1 | `01234567` | topic | 3 | 2.00 | admitted +2.17 · calibration +1.32 · review -0.50 "
+        "(too similar) · novelty -0.50 · L2 -0.90 · error – |"
     ) in text
+    repair = {**values, "mode": "repair", "repair_of": "fedcba9876543210", "candidates": []}
+    (line,) = groups_table([MetricRow(run=RUN, step=2, kind="generation", version=4, values=repair)])[-1:]
+    assert line.startswith("| 2 | `01234567` | repair of `fedcba98` | 4 | 2.00 |")
     rows = [
         MetricRow(run=RUN, step=n, kind="generation", version=0, values=values) for n in range(1, 5)
     ]
