@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 
-LOGIT_CHUNK = 512
-"""Tokens whose logits are alive at once (512 x 152k x 4 bytes = 311 MB)."""
+LOGIT_CHUNK = 256
+"""Tokens whose logits are alive at once (256 x 152k x 4 bytes = 156 MB; two such tensors at
+the most, a chunk's logits and a temporary of their size)."""
 
 
 class _HeadLogprobs(torch.autograd.Function):
@@ -27,6 +28,13 @@ class _HeadLogprobs(torch.autograd.Function):
 
     log p(t) = z_t / T - logsumexp(z / T) with z = h W^T, so
     d log p / d z = (onehot(t) - softmax(z / T)) / T.
+
+    The weight's gradient is added straight into `weight.grad` (made where None) by the
+    backward pass, not returned: returned, it would be a second weight-sized tensor (0.54 GiB
+    for the 0.5B model's 152k x 896 head in float32) that autograd holds through the whole
+    backward pass until the tied input embeddings' gradient joins it, at the learner's peak
+    (docs/results.md#learner-memory). So `loss.backward()` gives the weight its gradient;
+    `torch.autograd.grad` would not see the head's part of it.
     """
 
     @staticmethod
@@ -48,8 +56,11 @@ class _HeadLogprobs(torch.autograd.Function):
             lse = torch.logsumexp(logits, dim=-1)
             logprobs[rows] = logits.gather(-1, targets[rows, None]).squeeze(-1) - lse
             if with_entropy:
-                # H = -sum p log p = logsumexp(z) - sum p z
-                entropy[rows] = lse - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+                # H = -sum p log p = logsumexp(z) - sum p z, with p = exp(z - logsumexp(z))
+                probs = logits.sub(lse[:, None]).exp_()
+                entropy[rows] = lse - probs.mul_(logits).sum(dim=-1)
+                del probs
+            del logits  # before the next chunk's: one chunk's logits alive at a time
         ctx.save_for_backward(hidden, weight, targets, inv_temp)
         ctx.chunk = chunk
         ctx.mark_non_differentiable(entropy)
@@ -58,31 +69,40 @@ class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: Any, grad_logprobs: torch.Tensor, _grad_entropy: torch.Tensor
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None, None]:
+    ) -> tuple[torch.Tensor | None, None, None, None, None, None]:
         hidden, weight, targets, inv_temp = ctx.saved_tensors
         want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        grad_weight = _grad_into(weight) if want_weight else None
         for first in range(0, hidden.shape[0], ctx.chunk):
             rows = slice(first, first + ctx.chunk)
             logits = _chunk_logits(hidden[rows], weight, inv_temp[rows])
             upstream = grad_logprobs[rows, None].float()
-            grad = torch.softmax(logits, dim=-1).mul_(-upstream)
+            # the softmax in place of the logits (exp(z - logsumexp z)): one chunk-sized tensor
+            lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+            grad = logits.sub_(lse).exp_().mul_(-upstream)
+            del logits
             grad.scatter_add_(-1, targets[rows, None], upstream)
             grad.mul_(inv_temp[rows, None])
             grad = grad.to(hidden.dtype)
             if grad_hidden is not None:
                 grad_hidden[rows] = grad @ weight
-            if want_weight:
+            if grad_weight is not None:
                 grad_weight.addmm_(grad.T.float(), hidden[rows].float())
-        return (
-            grad_hidden,
-            grad_weight.to(weight.dtype) if want_weight else None,
-            None,
-            None,
-            None,
-            None,
-        )
+            del grad  # before the next chunk's logits
+        if grad_weight is not None and grad_weight is not weight.grad:
+            weight.grad.add_(grad_weight.to(weight.dtype))  # type: ignore[union-attr]
+        return grad_hidden, None, None, None, None, None
+
+
+def _grad_into(weight: torch.Tensor) -> torch.Tensor:
+    """Where the head's backward pass adds up the weight's gradient: `weight.grad` itself
+    (made, zero, where None) when it is float32, else a float32 buffer added to it after."""
+    if weight.grad is None:
+        weight.grad = torch.zeros_like(weight)
+    if weight.grad.dtype == torch.float32:
+        return weight.grad
+    return torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
 
 
 def _chunk_logits(
@@ -101,8 +121,9 @@ def head_logprobs(
     with_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of `targets` [N] under softmax(hidden [N, H] @ weight [V, H]^T / temperature
-    [N]) in float32, differentiable in `hidden` and `weight`; and the entropy of each
-    distribution (not differentiable; empty unless `with_entropy`)."""
+    [N]) in float32, differentiable in `hidden` and `weight` (whose gradient `.backward()`
+    adds to `weight.grad`: see `_HeadLogprobs`); and the entropy of each distribution (not
+    differentiable; empty unless `with_entropy`)."""
     inv_temp = temperature.to(device=hidden.device, dtype=torch.float32).reciprocal()
     result: tuple[torch.Tensor, torch.Tensor] = _HeadLogprobs.apply(
         hidden, weight, targets, inv_temp, chunk, with_entropy

@@ -28,7 +28,13 @@ from evoenv_learner.held_out import evaluate
 from evoenv_learner.intake import settle_dropped as settle_dropped
 from evoenv_learner.intake import settle_read as settle_read
 from evoenv_learner.intake import split_stale as split_stale
-from evoenv_learner.memory import release_memory, rss_gib
+from evoenv_learner.memory import (
+    keep_heap_small,
+    peak_rss_gib,
+    release_memory,
+    reset_peak,
+    rss_gib,
+)
 from evoenv_learner.metrics import MetricsSink
 from evoenv_learner.orchestrator import Orchestrator
 from evoenv_learner.pool import Pool, seed_pool
@@ -165,6 +171,7 @@ async def run(
 
     `expire_groups` gives the orchestrator its `expire_group` (see `GroupExpiry`); without it
     a generation group past its deadline only frees its slot, as a warning says at start."""
+    keep_heap_small()  # before the model is loaded (`memory.keep_heap_small`)
     learner = await build(
         settings,
         resume=resume,
@@ -525,6 +532,11 @@ class Learner:
                 self._push_owed = seconds is None
                 if seconds is not None:
                     values["push_seconds"] = seconds
+            # the highest resident size since the last step's reading: this step, its push,
+            # and the checkpoint and evaluation after the last step (a reading after the
+            # release below misses the step's peak by gigabytes)
+            values["peak_rss_gib"] = round(peak_rss_gib(), 2)
+            reset_peak()
             await asyncio.to_thread(release_memory)
             values["rss_gib"] = round(rss_gib(), 2)
         return values

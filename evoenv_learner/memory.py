@@ -1,7 +1,7 @@
 """The learner's resident memory: measured now (`rss_gib`) and at its highest since a mark
-(`reset_peak`, `peak_rss_gib`: a step's true peak, which a reading after the step misses), and
-handed back to the system between steps (`release_memory`; why:
-docs/results.md#figures-behind-defaults).
+(`reset_peak`, `peak_rss_gib`: a step's true peak, which a reading after the step misses);
+freed memory given back to the system at once (`keep_heap_small`) and between steps
+(`release_memory`; why: docs/results.md#learner-memory).
 """
 
 from __future__ import annotations
@@ -14,17 +14,39 @@ import os
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def _malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+def _libc_function(function: str) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     name = ctypes.util.find_library("c")
     if name is None:
         return None
     try:
-        return ctypes.CDLL(name).malloc_trim
+        return getattr(ctypes.CDLL(name), function)  # type: ignore[no-any-return]
     except (OSError, AttributeError):
         return None
 
 
-_TRIM = _malloc_trim()
+_TRIM = _libc_function("malloc_trim")
+_MALLOPT = _libc_function("mallopt")
+HEAP_SETTINGS = {"M_ARENA_MAX": 2, "M_MMAP_THRESHOLD": 2**20, "M_TRIM_THRESHOLD": 4 * 2**20}
+"""glibc's allocator settings for the learner (`keep_heap_small`); as environment variables:
+MALLOC_ARENA_MAX=2 MALLOC_MMAP_THRESHOLD_=1048576 MALLOC_TRIM_THRESHOLD_=4194304."""
+_MALLOPT_PARAMS = {"M_TRIM_THRESHOLD": -1, "M_MMAP_THRESHOLD": -3, "M_ARENA_MAX": -8}
+
+
+def keep_heap_small() -> bool:
+    """Make glibc give freed memory back to the system at once instead of keeping it for later
+    (False where there is no glibc `mallopt`; call it before the model is loaded).
+
+    By default glibc serves any allocation below its mmap threshold from its heaps and keeps
+    what is freed there; the threshold follows the largest block freed so far, up to 32 MiB,
+    so after the first large tensor nearly every activation and gradient of a step lands in a
+    heap, and freed pieces that do not fit the next request pile up, in one heap per thread
+    that allocates (up to eight per core). A step on a generator group of the 0.5B model then
+    peaked 2 GiB above what it held alive (docs/results.md#learner-memory). Here allocations
+    of 1 MiB and more get their own mapping, returned when freed; the heaps shrink once 4 MiB
+    at their top are free; and two heaps are shared by all threads (`HEAP_SETTINGS`)."""
+    if _MALLOPT is None:
+        return False
+    return all(_MALLOPT(_MALLOPT_PARAMS[name], value) == 1 for name, value in HEAP_SETTINGS.items())
 
 
 def release_memory() -> None:

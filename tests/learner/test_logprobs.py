@@ -48,3 +48,23 @@ def test_no_entropy_unless_asked_and_no_grad_where_not_needed() -> None:
     logprobs.sum().backward()
     assert weight.grad is not None and hidden.grad is None
     assert (logprobs <= 0).all()
+
+
+def test_the_weights_gradient_adds_to_the_one_it_has() -> None:
+    """Micro-batches accumulate: the head's part goes into `weight.grad`, onto what is there,
+    and the input embeddings' part (a tied weight) is added to it."""
+    torch.manual_seed(0)
+    hidden = torch.randn(5, 4)
+    weight = torch.randn(9, 4, requires_grad=True)
+    ids = torch.tensor([1, 2, 3])
+    targets, temps = torch.tensor([0, 3, 5, 8, 2]), torch.ones(5)
+
+    def loss(chunked: bool) -> torch.Tensor:
+        head = head_logprobs if chunked else lambda *a: _reference(*a)
+        return head(hidden, weight, targets, temps)[0].sum() + weight[ids].square().sum()
+
+    loss(False).backward()
+    expected = weight.grad.clone()  # type: ignore[union-attr]
+    weight.grad = torch.ones_like(weight)
+    loss(True).backward()
+    torch.testing.assert_close(weight.grad, expected + 1, rtol=1e-5, atol=1e-6)
