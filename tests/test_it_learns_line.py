@@ -77,3 +77,18 @@ def test_paired_counts_both_directions_on_the_seeds_given() -> None:
     assert learns.paired(old, new) == (2, 1)
     assert learns.paired(old, new, {1, 2}) == (1, 1)
     assert learns.paired(old, new, set()) == (0, 0)
+
+
+def test_the_untuned_environments_script_reads_the_line_into_its_table() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import it_learns_untuned as script
+
+    records = [(0.0, None, 1.0, 0.0), (1.0, "a b", 1.0, 1.0)]
+    line = learns.compare(run(records, 0.5), run(records, 0.5))["line"]
+    fields = script.parse_line(line)
+    assert fields["answer"] == "'3'" and fields["lenient_before"] == "1.000"
+    text = script.table([(fields, False, 1234.5)], "python bench/it_learns_untuned.py")
+    row = text.splitlines()[2]
+    assert row.startswith(f"| {learns.ENV}, {learns.DIFFICULTY} | 0.500 → 0.500 | 1.000 → 1.000 |")
+    assert "| 0.500 ('3') | 1 → 1 | failed | 1,234 |" in row
+    assert "CPU: " in text and "`python bench/it_learns_untuned.py`" in text
