@@ -1,55 +1,158 @@
-"""How far the served policy's proposals get through L1-L5, by generator temperature.
+"""How far real proposals get through admission, by proposal mode (and generator temperature).
 
-Starts a vLLM server on the embedded model (EVOENV_MODEL; or uses `--url`), asks it for `--n`
-proposals per temperature with the learner's own prompt (seed files as examples), validates
-each through the sandbox exactly as admission does (L1-L5, locally), and prints where each
-temperature's candidates stopped. The baseline, in the same run: the first temperature.
+Starts a vLLM server on the embedded model (EVOENV_MODEL), or on a checkpoint (`--weights`: a
+`step-N` folder, a run's `checkpoints/` folder or a Hugging Face folder), or uses `--url`. For
+each proposal i of `--n` it draws one plan from `--seed`: the example seed files and a topic.
+Every mode uses the same plan: `topic` (the learner's prompt: the examples and the topic),
+`mutation` (of example 1), `own_task` (the examples, a task of the reply's naming), `repair`
+(one more turn for each `topic` proposal that failed L1-L5, with its report; its count is the
+number of those). Each file, taken from the reply as admission takes it, is judged as
+admission judges it: L1-L5 (`mechanical.validate_source`), then review, calibration and
+novelty against the seeds (`verdict.run_locally`, the code path of `evoenv validate --all`),
+and rewarded by the generator's reward table with gamma at its no-history value (in-group
+novelty does not apply: each proposal is alone). One table: per mode, the share past L1-L5,
+admitted per 100 proposals, the median pool similarity of those past L1-L5, completion tokens
+and seconds (generation and judging) per admitted environment, the mean reward of each
+outcome; then where each stopped. The baseline, in the same run: `topic`.
 
-    python bench/bench_proposals.py --temperatures 1.0 0.7 --n 16 --examples 1
+    python bench/bench_proposals.py --modes topic,mutation,repair,own_task --n 48
+    python bench/bench_proposals.py --modes topic,mutation,repair,own_task --n 48 \\
+        --weights ~/.evoenv/runs/default/checkpoints/step-00000014
+    python bench/bench_proposals.py --n 2 --modes topic,own_task        # smoke check
 
-No Redis, no workers.
+`--out FILE` keeps every proposal (mode, reply, report, reward) as JSON lines. No Redis, no
+workers.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import json
 import random
+import statistics
 import tempfile
 import time
-from collections import Counter
-from collections.abc import Iterator
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from evoenv_learner.checkpoints import STATE_FILE, latest_checkpoint
+from evoenv_learner.pool import seed_pool
 from evoenv_model.models import prepare_model
 from evoenv_model.serve import start_server
+from evoenv_worker.context import WorkerContext
 from evoenv_worker.mechanical import validate_source
 from evoenv_worker.proposal_code import written_code
 from evoenv_worker.sandbox.host import Sandbox
 from evoenv_worker.solver_completions import make_client
+from evoenv_worker.verdict import run_locally
 from shared.config import Settings
-from shared.inference import Sampling
+from shared.errors import UsageError
+from shared.inference import Completion, InferenceClient, Sampling
+from shared.messages import MODEL_STAGES, PROPOSAL_MODES, ValidateJob, ValidationReport
 from shared.ports import free_port
+from shared.proposal_modes import (
+    mutation_messages,
+    own_task_messages,
+    own_task_of,
+    repair_messages,
+    repairable,
+)
 from shared.proposal_prompt import TOPICS, Example, choose_examples, proposal_messages
+from shared.rewards import RepetitionTracker, generator_reward
 from shared.static import check_static
 
-STAGES = ("L1", "L2", "L3", "L4", "L5", "passed")
+OUTCOMES = ("L1", "L2", "L3", "L4", "L5", "review", "calibration", "novelty", "error", "admitted")
 REPO = Path(__file__).resolve().parents[1]
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What proposal i shows, the same for every mode."""
+
+    examples: list[Example]
+    topic: str
+
+
+@dataclass
+class Judged:
+    """One proposal as admission judged it."""
+
+    index: int
+    messages: Messages
+    text: str
+    tokens: int
+    report: ValidationReport
+    reward: float | None
+    task: str | None = None
+
+    @property
+    def outcome(self) -> str:
+        if self.report.verdict == "error":
+            return "error"
+        return self.report.failed_stage or "admitted"
+
+    @property
+    def past_mechanical(self) -> bool:
+        """It passed L1-L5 (L5 runs only after L1-L4 passed)."""
+        return any(s.stage == "L5" and s.ok for s in self.report.stages)
+
+    @property
+    def similarity(self) -> float | None:
+        novelty = next((s for s in self.report.stages if s.stage == "novelty"), None)
+        value = novelty.data.get("similarity") if novelty is not None else None
+        return None if value is None else float(value)
+
+
+@dataclass
+class Row:
+    """One mode at one temperature."""
+
+    mode: str
+    temperature: float
+    judged: list[Judged] = field(default_factory=list)
+    seconds: float = 0.0
+    note: str = ""
+
+
+def checkpoint_model(weights: Path) -> Path:
+    """The Hugging Face folder of `--weights`: the folder itself (config.json), a checkpoint's
+    `model/`, or that of the newest checkpoint under a run's `checkpoints/`."""
+    weights = weights.expanduser()
+    if (weights / "config.json").is_file():
+        return weights
+    folder = weights if (weights / STATE_FILE).is_file() else latest_checkpoint(weights)
+    if folder is None:
+        raise UsageError(
+            f"{weights}: neither a model folder nor a checkpoint (or a folder of them)"
+        )
+    if (folder / "adapter").is_dir():
+        raise UsageError(f"{folder} is a LoRA checkpoint: merge it first (evoenv export DIR)")
+    if not (folder / "model" / "config.json").is_file():
+        raise UsageError(f"{folder} has no model/ folder")
+    return folder / "model"
 
 
 @contextlib.contextmanager
-def served(settings: Settings, url: str | None) -> Iterator[Settings]:
-    """`settings` pointed at `url`, or at a server started here on the embedded model."""
+def served(settings: Settings, url: str | None, weights: Path | None) -> Iterator[Settings]:
+    """`settings` pointed at `url`, or at a server started here on the embedded model or on
+    `weights`."""
     if url:
         yield settings.model_copy(update={"vllm_urls": [url]})
         return
-    port = free_port()
-    settings = settings.model_copy(
-        update={
-            "data_dir": REPO / ".cache" / "evoenv",
-            "serve": settings.serve.model_copy(update={"port": port, "max_model_len": 4096}),
-        }
-    )
+    update: dict[str, Any] = {
+        "data_dir": REPO / ".cache" / "evoenv",
+        "serve": settings.serve.model_copy(update={"port": free_port(), "max_model_len": 8192}),
+    }
+    if weights is not None:
+        update["model"] = str(checkpoint_model(weights))
+    settings = settings.model_copy(update=update)
     folder = prepare_model(settings)
     log_path = Path(tempfile.mkdtemp(prefix="bench-proposals-")) / "vllm.log"
     with log_path.open("ab") as log_file:
@@ -60,59 +163,246 @@ def served(settings: Settings, url: str | None) -> Iterator[Settings]:
         server.stop()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.7])
-    parser.add_argument("--n", type=int, default=16, help="proposals per temperature")
-    parser.add_argument("--examples", type=int, default=1, help="example files per prompt")
+def seed_examples(settings: Settings) -> list[Example]:
+    examples = []
+    for path in sorted(settings.seeds_dir.glob("*.py")):
+        source = path.read_text()
+        static = check_static(source.encode(), settings.validation.max_source_bytes)
+        examples.append(Example(path.stem, static.oracle, source, path.stem))
+    return examples
+
+
+def plans(examples: list[Example], n: int, k: int, seed: int) -> list[Plan]:
+    """The n plans, drawn once: every mode shows proposal i the same examples."""
+    rng = random.Random(seed)
+    return [Plan(choose_examples(examples, k, rng), rng.choice(TOPICS)) for _ in range(n)]
+
+
+def prompt_of(mode: str, plan: Plan, topics: bool) -> Messages:
+    if mode == "mutation":
+        return mutation_messages(plan.examples[0])
+    if mode == "own_task":
+        return own_task_messages(plan.examples)
+    return proposal_messages(plan.examples, plan.topic if topics else "")
+
+
+def sample_all(
+    client: InferenceClient, prompts: Sequence[Messages], sampling: Sampling, seed: int
+) -> list[Completion]:
+    """One completion per prompt, all in flight together (the server batches them); request i
+    seeded from `seed` and i."""
+
+    def one(item: tuple[int, Messages]) -> Completion:
+        index, messages = item
+        (completion,) = client.chat(messages, dataclasses.replace(sampling, seed=seed + index))
+        return completion
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(prompts)))) as pool:
+        return list(pool.map(one, enumerate(prompts)))
+
+
+def judge(
+    ctx: WorkerContext, index: int, text: str, gamma: float
+) -> tuple[ValidationReport, float | None]:
+    """The reply's file as admission judges it, and the generator's reward for it (None: a
+    check could not run)."""
+    file = f"candidate_{index}.py"
+    data = written_code(text).encode()
+    report = validate_source(data, file, ctx.sandbox(), ctx.settings)
+    if report.verdict == "admitted":
+        job = ValidateJob.for_file(f"bench-{index}", file, data)
+        report = run_locally(ctx, job, report, list(MODEL_STAGES))
+    if report.verdict == "error":
+        return report, None
+    stages = {s.stage: s for s in report.stages}
+    failed = {s.stage for s in report.stages if not s.ok}
+    rate = stages["calibration"].data.get("pass_rate") if "calibration" in stages else None
+    similarity = stages["novelty"].data.get("similarity") if "novelty" in stages else None
+    return report, generator_reward(failed, rate, similarity, gamma, ctx.settings.admission).total
+
+
+def run_mode(
+    ctx: WorkerContext,
+    client: InferenceClient,
+    row: Row,
+    asked: list[tuple[int, Messages]],
+    args: argparse.Namespace,
+    gamma: float,
+) -> None:
+    """Sample a completion for each prompt of `asked` and judge it, into `row`."""
+    started = time.perf_counter()
+    sampling = Sampling(n=1, temperature=row.temperature, max_tokens=args.max_tokens)
+    completions = sample_all(client, [m for _, m in asked], sampling, args.seed * 100_003)
+    for (index, messages), completion in zip(asked, completions, strict=True):
+        report, reward = judge(ctx, index, completion.text, gamma)
+        task = own_task_of(completion.text) if row.mode == "own_task" else None
+        row.judged.append(
+            Judged(
+                index, messages, completion.text, len(completion.token_ids), report, reward, task
+            )
+        )
+        print(f"{row.mode} t={row.temperature} #{index}: {row.judged[-1].outcome}", flush=True)
+    row.seconds = time.perf_counter() - started
+
+
+def repairs_of(topic: Row) -> list[tuple[int, Messages]]:
+    """One more turn for each `topic` proposal that failed L1-L5, with its report."""
+    return [
+        (j.index, repair_messages(j.messages, j.text, j.report))
+        for j in topic.judged
+        if repairable(j.report)
+    ]
+
+
+def table(rows: list[Row]) -> list[str]:
+    """The bench's table: one line per mode and temperature."""
+    lines = [
+        "| mode | temp | proposals | past L1-L5 | admitted /100 | vs topic | median similarity "
+        "| tokens / admitted | seconds / admitted | mean reward by outcome (count) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    baseline: dict[float, float] = {}
+    for row in rows:
+        n = len(row.judged)
+        admitted = sum(j.outcome == "admitted" for j in row.judged)
+        per100 = 100 * admitted / n if n else 0.0
+        if row.mode == "topic":
+            baseline[row.temperature] = per100
+        base = baseline.get(row.temperature)
+        ratio = f"{per100 / base:.2f}x" if base else "–"
+        past = sum(j.past_mechanical for j in row.judged)
+        sims = [s for j in row.judged if j.past_mechanical and (s := j.similarity) is not None]
+        median = f"{statistics.median(sims):.3f}" if sims else "–"
+        tokens = sum(j.tokens for j in row.judged)
+        per_tokens = f"{tokens / admitted:.0f}" if admitted else f"– ({tokens} for 0)"
+        per_seconds = (
+            f"{row.seconds / admitted:.0f}" if admitted else f"– ({row.seconds:.0f} for 0)"
+        )
+        rewards: dict[str, list[float]] = defaultdict(list)
+        for j in row.judged:
+            if j.reward is not None:
+                rewards[j.outcome].append(j.reward)
+        by_outcome = " · ".join(
+            f"{o} {statistics.mean(rewards[o]):+.2f} ({len(rewards[o])})"
+            for o in OUTCOMES
+            if rewards[o]
+        )
+        share = f"{past / n:.2f}" if n else "–"
+        lines.append(
+            f"| {row.mode}{row.note} | {row.temperature:g} | {n} | {share} | {per100:.1f} | {ratio} "
+            f"| {median} | {per_tokens} | {per_seconds} | {by_outcome or '–'} |"
+        )
+    return lines
+
+
+def funnel(rows: list[Row]) -> list[str]:
+    """Where each mode's proposals stopped (the first stage failed, or admitted)."""
+    lines = [
+        "| mode | temp | " + " | ".join(OUTCOMES) + " |",
+        "| --- | ---: | " + " | ".join("---:" for _ in OUTCOMES) + " |",
+    ]
+    for row in rows:
+        counts = Counter(j.outcome for j in row.judged)
+        cells = " | ".join(str(counts[o]) for o in OUTCOMES)
+        lines.append(f"| {row.mode} | {row.temperature:g} | {cells} |")
+    return lines
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument(
+        "--modes",
+        default="topic,mutation,repair,own_task",
+        help="comma-separated, of: " + ", ".join(PROPOSAL_MODES) + " (topic always runs first)",
+    )
+    parser.add_argument("--n", type=int, default=48, help="proposals per mode and temperature")
+    parser.add_argument(
+        "--temperatures",
+        type=float,
+        nargs="+",
+        default=None,
+        help="generator temperatures (default: EVOENV_GRPO__GENERATOR_TEMPERATURE)",
+    )
+    parser.add_argument("--examples", type=int, default=None, help="example files per prompt")
     parser.add_argument("--max-tokens", type=int, default=1024)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="draws the plans and request seeds")
     parser.add_argument(
         "--no-topics",
         dest="topics",
         action="store_false",
-        help="ask for any new task instead of one drawn from proposal_prompt.TOPICS",
+        help="topic mode asks for any new task instead of one drawn from proposal_prompt.TOPICS",
     )
+    parser.add_argument("--weights", type=Path, default=None, help="a checkpoint (or model) folder")
     parser.add_argument("--url", default=None, help="a running server (default: start one)")
+    parser.add_argument("--out", type=Path, default=None, help="every proposal as JSON lines")
     args = parser.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = sorted(set(modes) - set(PROPOSAL_MODES))
+    if unknown or args.n < 1:
+        parser.error(f"unknown modes {unknown}" if unknown else "--n must be at least 1")
+    if args.url and args.weights:
+        parser.error("--url and --weights exclude each other (the server decides the weights)")
+    args.modes = ["topic", *(m for m in PROPOSAL_MODES if m in modes and m != "topic")]
+    return args
 
+
+def main() -> None:
+    args = arguments()
     base = Settings()
-    examples = []
-    for path in sorted(base.seeds_dir.glob("*.py")):
-        source = path.read_text()
-        static = check_static(source.encode(), 64 * 1024)
-        examples.append(Example(path.stem, static.oracle, source, path.stem))
-    rng = random.Random(args.seed)
-    rows: list[tuple[float, Counter[str], float]] = []
+    temperatures = args.temperatures or [base.grpo.generator_temperature]
+    k = args.examples or base.learner.proposal_examples
+    drawn = plans(seed_examples(base), args.n, k, args.seed)
+    gamma = RepetitionTracker(base.admission.repetition_window).gamma(base.admission)
+    rows: list[Row] = []
     with (
-        served(base, args.url) as settings,
+        tempfile.TemporaryDirectory(prefix="bench-proposals-") as scratch,
+        served(base, args.url, args.weights) as settings,
         make_client(settings) as client,
         Sandbox(settings.sandbox) as sandbox,
     ):
-        for temperature in args.temperatures:
-            funnel: Counter[str] = Counter()
-            started = time.perf_counter()
-            for _ in range(args.n):
-                chosen = choose_examples(examples, args.examples, rng)
-                messages = proposal_messages(chosen, rng.choice(TOPICS) if args.topics else "")
-                (completion,) = client.chat(
-                    messages,
-                    Sampling(n=1, temperature=temperature, max_tokens=args.max_tokens),
-                )
-                code = written_code(completion.text).encode()  # as admission judges it
-                report = validate_source(code, "candidate.py", sandbox, settings)
-                funnel[report.failed_stage or "passed"] += 1
-            rows.append((temperature, funnel, time.perf_counter() - started))
+        judging = settings.model_copy(update={"data_dir": Path(scratch)})  # seeds-only archive
+        ctx = WorkerContext(judging, _sandbox=sandbox, _inference=client)
+        seed_pool(ctx.archive(), judging.seeds_dir)
+        for temperature in temperatures:
+            topic = Row("topic", temperature)
+            for mode in args.modes:
+                row = topic if mode == "topic" else Row(mode, temperature)
+                if mode == "repair":
+                    asked = repairs_of(topic)
+                    row.note = f" (of {len(asked)} L1-L5 failures)"
+                else:
+                    asked = [(i, prompt_of(mode, p, args.topics)) for i, p in enumerate(drawn)]
+                if asked:
+                    run_mode(ctx, client, row, asked, args, gamma)
+                rows.append(row)
+    model = args.url or (str(args.weights) if args.weights else base.model)
+    print(
+        f"\nmodel: {model}; proposals per mode: {args.n}; examples per prompt: {k}; "
+        f"plans drawn with seed {args.seed}; gamma {gamma:g}"
+    )
+    print("\n".join(table(rows)))
+    print("\nwhere they stopped:")
+    print("\n".join(funnel(rows)))
+    if args.out:
+        write_out(args.out, rows)
 
-    print(f"\nproposals per temperature: {args.n}, example files per prompt: {args.examples}")
-    print(f"{'temperature':>11} | " + " | ".join(f"{s:>6}" for s in STAGES) + " | past L1 | ratio")
-    baseline: float | None = None
-    for temperature, funnel, _seconds in rows:
-        past = sum(funnel[s] for s in STAGES[1:]) / args.n
-        baseline = past if baseline is None else baseline
-        ratio = f"{past / baseline:.2f}x" if baseline else "-"
-        cells = " | ".join(f"{funnel[s]:>6}" for s in STAGES)
-        print(f"{temperature:>11} | {cells} | {past:>7.2f} | {ratio}")
+
+def write_out(path: Path, rows: list[Row]) -> None:
+    with path.open("w") as out:
+        for row in rows:
+            for j in row.judged:
+                record = {
+                    "mode": row.mode,
+                    "temperature": row.temperature,
+                    "index": j.index,
+                    "outcome": j.outcome,
+                    "reward": j.reward,
+                    "tokens": j.tokens,
+                    "task": j.task,
+                    "reply": j.text,
+                    "report": j.report.public(),
+                }
+                out.write(json.dumps(record) + "\n")
 
 
 if __name__ == "__main__":
