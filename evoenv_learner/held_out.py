@@ -46,8 +46,8 @@ async def evaluate(
     when that reward is exactly 1.0. Beside each strict pass rate, its lenient one: the same
     instances, passing when the answer taken leniently (`extract_lenient`: the tagged answer,
     else the completion's last line) scores exactly 1.0, by the environment's scorer in the
-    sandbox (`grade.lenient_rewards`); strict tells format and content together, lenient
-    content alone:
+    sandbox (`grade.lenient_rewards`); strict counts format and content together, lenient
+    mostly the content:
 
     - `pass_rate`, `instances`, `ci_low`, `ci_high`, `lenient_pass_rate`, `lenient_ci_low`,
       `lenient_ci_high`: over all environments (95 % Wilson intervals);
