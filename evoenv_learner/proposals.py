@@ -134,18 +134,8 @@ class Proposals:
         """Send one generation group in a mode drawn from `learner.proposal_modes`."""
         learner, g = self.settings.learner, self.settings.grpo
         mode = draw_mode(learner.proposal_modes, self.rng, can_repair=bool(self.to_repair))
-        examples = (
-            choose_examples(
-                [
-                    Example(m.name, self.tracker.info(m).oracle, m.source, m.sha, m.solve_rate)
-                    for m in self.pool.members
-                ],
-                1 if mode == "mutation" else learner.proposal_examples,
-                self.rng,
-            )
-            if mode != "repair"
-            else []
-        )
+        k = 1 if mode == "mutation" else learner.proposal_examples
+        examples = [] if mode == "repair" else self.examples(k)
         topic = self.rng.choice(TOPICS) if mode == "topic" and learner.proposal_topics else ""
         repair_of = self.to_repair.pop() if mode == "repair" else None
         job = ProposalJob(
@@ -173,6 +163,14 @@ class Proposals:
                 None if e.solve_rate is None else round(e.solve_rate, 3) for e in examples
             ],
         )
+
+    def examples(self, k: int) -> list[Example]:
+        """`k` pool members drawn as examples, favouring the solver's frontier."""
+        pool = [
+            Example(m.name, self.tracker.info(m).oracle, m.source, m.sha, m.solve_rate)
+            for m in self.pool.members
+        ]
+        return choose_examples(pool, k, self.rng)
 
     @staticmethod
     def messages(mode: ProposalMode, examples: list[Example], topic: str) -> list[dict[str, str]]:

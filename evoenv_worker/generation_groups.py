@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import structlog
 
 from evoenv_worker.novelty import EnvEmbedding, novelty, similarity
-from evoenv_worker.repair_turns import RepairTurns
+from evoenv_worker.repair_turns import turns_of
 from evoenv_worker.verdict import KEEP_SECONDS, admission_stats, embedding_of, generation_key
 from shared import keys
 from shared.config import Settings
@@ -58,7 +58,7 @@ def propose(ctx: WorkerContext, job: ProposalJob) -> list[ValidateJob]:
     if tracker.expired(generation_key(job.group_id)):
         log.info("proposal_skipped", group_id=job.group_id, detail="its group expired")
         return []
-    asked = _prompts(ctx, job)
+    asked = turns_of(ctx, job)
     if not asked.prompts:
         log.info("proposal_skipped", group_id=job.group_id, detail="nothing to repair")
         return []
@@ -101,15 +101,6 @@ def propose(ctx: WorkerContext, job: ProposalJob) -> list[ValidateJob]:
             )
         )
     return jobs
-
-
-def _prompts(ctx: WorkerContext, job: ProposalJob) -> RepairTurns:
-    """What each candidate is asked: G times the job's prompt, or a repair's turns."""
-    from evoenv_worker.repair_turns import repair_turns
-
-    if job.mode == "repair" and job.repair_of is not None:
-        return repair_turns(ctx, job.run, job.repair_of, job.group_size)
-    return RepairTurns([job.messages] * job.group_size, [], job.parents)
 
 
 def _sample(
