@@ -626,6 +626,14 @@ def headline(data: RunData) -> list[tuple[str, str]]:
         )
     if speed := data.series("tokens_per_second"):
         rows.append(("mean throughput", f"{_mean(list(speed.values())):.1f} tokens/s"))
+    if peak := data.series("peak_rss_gib"):
+        top = max(peak, key=lambda step: peak[step])
+        rows.append(
+            (
+                "learner's peak memory per step (its high-water mark)",
+                f"mean {_mean(list(peak.values())):.2f} GiB, max {peak[top]:.2f} GiB at step {top}",
+            )
+        )
     return rows
 
 

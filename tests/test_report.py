@@ -282,3 +282,16 @@ def test_the_report_lists_each_generation_groups_outcomes_and_rewards(tmp_path: 
     assert "the last 2 of 4" in lines[0]
     assert [line.split(" |")[0] for line in lines[-2:]] == ["| 3", "| 4"]
     assert groups_table([]) == ["No generation group finalised yet."]
+
+
+def test_the_headline_has_the_learners_peak_memory_per_step(tmp_path: Path) -> None:
+    archive = Archive(f"sqlite:///{tmp_path / 'archive.db'}")
+    funnel: dict[str, int] = {}
+    for step, peak in ((1, 8.0), (2, 9.5), (3, 8.5)):
+        values = train_values(step, funnel) | {"peak_rss_gib": peak, "rss_gib": 6.0}
+        archive.record_metrics(RUN, step, "train", step, values)
+    text = write_report(archive, RUN, tmp_path / "run").markdown.read_text()
+    assert (
+        "| learner's peak memory per step (its high-water mark) | mean 8.67 GiB, max 9.50 GiB at step 2 |"
+        in text
+    )
