@@ -253,8 +253,11 @@ def test_up_trains_both_roles_survives_kills_and_leaves_nothing(
     # `evoenv status` beside `up` read its private Redis (from the run folder), and said so.
     (status,) = beside
     assert status.returncode == 0, status.stderr
-    (started,) = [e for e in seen if e.get("event") == "learner_started"]
+    # the learner started twice (the kill above), both times on up's private Redis
+    started, *again = [e for e in seen if e.get("event") == "learner_started"]
+    assert len(again) == 1
     up_redis = started["settings"]["redis_url"]  # type: ignore[index]
+    assert again[0]["settings"]["redis_url"] == up_redis  # type: ignore[index]
     assert json.loads(status.stdout)["redis"] == up_redis
     assert f"redis: {up_redis} (the running `evoenv up` of " in status.stderr
     pushes = [e for e in seen if e.get("event") == "weights_published"]
