@@ -8,6 +8,7 @@ docs/DESIGN.md#the-rollout-stream-and-the-learner).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
@@ -60,13 +61,18 @@ class RolloutConsumer:
 
     - entries are read with XREADGROUP, so each is delivered to one consumer and stays
       *pending* until acknowledged;
-    - the learner acknowledges (XACK) and deletes (XDEL) an entry only once a checkpoint that
-      includes it is written: `take_for_checkpoint` hands the checkpoint the ids trained since
-      the last one, `acknowledge` is called after the checkpoint is on disk;
+    - the learner acknowledges (XACK) and deletes (XDEL) an entry only once it is done with
+      (trained, skipped, or dropped: `done`) and a checkpoint that includes it is written:
+      `take_for_checkpoint` hands the checkpoint the ids done since the last one, `acknowledge`
+      is called after the checkpoint is on disk;
+    - a group read and settled but not yet trained when a checkpoint is written (queued, or in
+      a step a stop abandoned) stays pending: the checkpoint lists it (`held`), its counts
+      being in the checkpoint's funnel; the learner resumed from that checkpoint reads it again
+      and trains it without counting it again (`settled`);
     - on resume, ids the checkpoint recorded but never acknowledged are acknowledged first
       (they are in the weights already), then the consumer re-reads its own pending entries
-      (read but not in any checkpoint: the weights were rolled back, so training on them again
-      is right);
+      (read but not done in any checkpoint: the weights were rolled back, so training on them
+      again is right);
     - entries left pending by a dead consumer for `claim_idle_ms` are reclaimed (XPENDING, then
       XCLAIM);
     - groups older than `max_staleness` policy versions are dropped, counted and logged;
@@ -85,7 +91,11 @@ class RolloutConsumer:
     claim_idle_ms: int = 60_000
     stats: ConsumerStats = field(default_factory=ConsumerStats)
     _unacked: list[str] = field(default_factory=list)
-    """Ids consumed (trained, dropped or malformed) since the last checkpoint."""
+    """Ids done with (trained, skipped, dropped or malformed) since the last checkpoint."""
+    _held: dict[str, str] = field(default_factory=dict)
+    """Entry ids of the groups read and handed on, not yet done with, by group id."""
+    _settled: set[str] = field(default_factory=set)
+    """Entry ids the checkpoint resumed from holds as read, settled and not yet trained."""
     _seen: set[str] = field(default_factory=set)
     _dropped: list[Dropped] = field(default_factory=list)
     _backlog_done: bool = False
@@ -95,13 +105,17 @@ class RolloutConsumer:
     def stream(self) -> str:
         return keys.rollout_stream(self.run)
 
-    async def start(self, checkpointed_unacked: list[str] | None = None) -> None:
-        """Create the consumer group if needed; settle what the last checkpoint included."""
+    async def start(
+        self, checkpointed_unacked: list[str] | None = None, held: list[str] | None = None
+    ) -> None:
+        """Create the consumer group if needed; settle what the last checkpoint included: the
+        ids it was done with are acknowledged, those it `held` come back as `settled`."""
         try:
             await self.client.xgroup_create(self.stream, GROUP, id="0", mkstream=True)
         except aioredis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+        self._settled = set(held or ())
         if checkpointed_unacked:
             self._seen.update(checkpointed_unacked)
             await self.acknowledge(list(checkpointed_unacked))
@@ -158,7 +172,16 @@ class RolloutConsumer:
             self.stats.duplicates += 1
             return None
         self._seen.add(entry_id)
-        self._unacked.append(entry_id)
+        group = self._decode(entry_id, fields, current_version)
+        if group is None:
+            self._unacked.append(entry_id)  # dropped where read: done with
+        else:
+            self._held[group.group_id] = entry_id
+        return group
+
+    def _decode(
+        self, entry_id: str, fields: dict[bytes, bytes], current_version: int
+    ) -> GradedGroup | None:
         try:
             group = decode_entry(fields)
         except SchemaMismatch as exc:
@@ -204,12 +227,31 @@ class RolloutConsumer:
         dropped, self._dropped = self._dropped, []
         return dropped
 
+    def settled(self, group: GradedGroup) -> bool:
+        """Whether `group` was read and settled before the checkpoint resumed from (its counts
+        are in that checkpoint): it goes to the trainer without being settled again."""
+        return self._held.get(group.group_id) in self._settled
+
+    def done(self, groups: Iterable[GradedGroup]) -> None:
+        """`groups` (read from this consumer) are done with: trained, skipped or dropped. They
+        are acknowledged with the next checkpoint."""
+        for group in groups:
+            entry_id = self._held.pop(group.group_id, None)
+            if entry_id is not None:
+                self._settled.discard(entry_id)
+                self._unacked.append(entry_id)
+
     @property
     def has_unacknowledged(self) -> bool:
         return bool(self._unacked)
 
+    def held(self) -> list[str]:
+        """The entry ids read and not yet done with (queued, or in an unfinished step): a
+        checkpoint lists them; they stay pending."""
+        return list(self._held.values())
+
     def take_for_checkpoint(self) -> list[str]:
-        """The ids consumed since the last checkpoint: store them in the checkpoint, then call
+        """The ids done with since the last checkpoint: store them in the checkpoint, then call
         `acknowledge` with them once it is written."""
         ids, self._unacked = self._unacked, []
         return ids

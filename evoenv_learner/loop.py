@@ -265,7 +265,7 @@ async def build(
         take_turns = next(trainer.model.parameters()).device.type == "cpu"
     extra = await _resume(settings, trainer, publisher, sync_redis, state) if resume else {}
     consumer = RolloutConsumer(client, settings.run, "learner", settings.learner.max_staleness)
-    await consumer.start(list(extra.get("unacked", [])))
+    await consumer.start(list(extra.get("unacked", [])), held=list(extra.get("held", [])))
     rng = random.Random(extra.get("orchestrator_seed", time.time_ns()))
     orchestrator = Orchestrator(
         settings,
@@ -408,6 +408,7 @@ class Learner:
         extra = {
             "version": self.state.version,
             "unacked": ids,
+            "held": self.consumer.held(),  # read, counted, not yet trained: read again on resume
             "funnel": self.state.funnel,
             "tokens": self.state.tokens,
             "orchestrator_seed": self.rng.random(),
@@ -431,8 +432,12 @@ class Learner:
             state.stale_dropped = consumer.stats.stale + state.stale_at_step
             settle_dropped(consumer.take_dropped(), self.orchestrator, state.funnel)
             for group in groups:
-                if await settle_read(group, self.orchestrator, self.pool, state, self.settings):
+                if consumer.settled(group) or await settle_read(
+                    group, self.orchestrator, self.pool, state, self.settings
+                ):
                     await _put(self.queue, group, self.stop)
+                else:
+                    consumer.done([group])  # skipped: nothing to learn from
 
     async def push(self) -> float | None:
         """Publish the weights as a new version; the seconds it took, None if it failed."""
@@ -482,8 +487,9 @@ class Learner:
                 try:
                     values = await self._one_step(batch)
                 except StepInterrupted:
-                    # its groups count as read (gradings and funnel are recorded) and go
-                    # with the stop's checkpoint, like those still queued
+                    # its groups, like those still queued, stay pending: the stop's
+                    # checkpoint holds them as read and counted, and a resumed learner
+                    # trains them
                     log.info("step_abandoned", step=state.step + 1, groups=len(batch))
                     break
                 if values is not None:
@@ -503,6 +509,7 @@ class Learner:
                 batch, state.version, self.settings.learner.max_staleness, state.step + 1
             )
             if stale:
+                self.consumer.done(stale)
                 state.stale_at_step += len(stale)
                 state.stale_dropped = self.consumer.stats.stale + state.stale_at_step
                 self.orchestrator.dropped_at_step(len(stale))
@@ -520,6 +527,7 @@ class Learner:
                 # `AdapterPublisher`. One that pauses them goes after the release.
                 early = due and not self.publisher.pauses_servers
                 early_seconds = await self.push() if early else None
+            self.consumer.done(batch)
             if not taken:
                 log.warning("step_not_taken", groups=len(batch))
                 self.orchestrator.batch_trained()

@@ -112,7 +112,9 @@ def test_resume_trains_each_group_once(redis_url: str) -> None:
     async def go() -> tuple[list[str], list[str]]:
         first = consumer(redis_url, "learner-1")
         await first.start()
-        trained = [g.group_id for g in await first.read(2, 100, 0)]
+        got = await first.read(2, 100, 0)
+        first.done(got)
+        trained = [g.group_id for g in got]
         checkpoint_ids = first.take_for_checkpoint()  # g0, g1 are in the checkpoint...
         more = [g.group_id for g in await first.read(1, 100, 0)]  # g2 read after it: lost on crash
         # ...and the learner dies before acknowledging anything. It resumes from the checkpoint:
@@ -126,6 +128,39 @@ def test_resume_trains_each_group_once(redis_url: str) -> None:
     assert before == ["g0", "g1", "g2"]
     assert sorted(after) == ["g2", "g3"]  # g2 again (not in the checkpoint), g0/g1 never again
     assert stream_length(redis_url) == 2  # the acknowledged ones are trimmed
+
+
+def test_a_group_read_but_not_trained_at_a_checkpoint_is_trained_after_resume_counted_once(
+    redis_url: str,
+) -> None:
+    # At a stop, g1 and g2 were read and settled (their counts are in the checkpoint's funnel)
+    # but never trained: queued, or in the step the stop abandoned. They are not acknowledged;
+    # the resumed learner reads them again, marked settled, so they are trained and not counted
+    # a second time. g3, read after the checkpoint, is read again unmarked (the funnel was
+    # rolled back with the weights).
+    fill(redis_url, [group(f"g{i}", 0) for i in range(5)])
+
+    async def go() -> tuple[list[str], list[str], list[tuple[str, bool]], int]:
+        first = consumer(redis_url, "learner")
+        await first.start()
+        got = await first.read(3, 100, 0)
+        first.done(got[:1])  # g0 trained
+        acked, held = first.take_for_checkpoint(), first.held()
+        await first.acknowledge(acked)
+        await first.read(1, 100, 0)  # g3, then the learner dies
+        second = consumer(redis_url, "learner")
+        await second.start(acked, held=held)
+        again = await second.read(10, 100, 0)
+        settled = [(g.group_id, second.settled(g)) for g in again]
+        second.done(again)
+        await second.acknowledge(second.take_for_checkpoint())
+        await close(first, second)
+        return acked, held, settled, stream_length(redis_url)
+
+    acked, held, settled, left = asyncio.run(go())
+    assert len(acked) == 1 and len(held) == 2
+    assert sorted(settled) == [("g1", True), ("g2", True), ("g3", False), ("g4", False)]
+    assert left == 0  # every entry trained once and acknowledged
 
 
 def test_own_pending_entries_are_not_read_again(redis_url: str) -> None:
