@@ -68,26 +68,40 @@ def server_command(
     `--enable-scale-out` (the token-in/token-out `/inference/v1/generate` endpoint, whose
     outputs carry the weight version of every generated token) and, on a CPU,
     `--enforce-eager` (compiling would cost a minute or more at every start:
-    docs/results.md#figures-behind-defaults). In LoRA mode (`grpo.lora_rank` > 0) the server
-    takes adapters at run time (`lora_args`).
+    docs/results.md#figures-behind-defaults) and no chunked prefill (`cpu_prefill_args`). In
+    LoRA mode (`grpo.lora_rank` > 0) the server takes adapters at run time (`lora_args`).
     """
     serve = settings.serve
+    max_len = max_len_for(model_path, serve.max_model_len)
     command = [
         sys.executable, "-m", SERVER_MODULE,
         "--model", str(model_path),
         "--served-model-name", settings.model,
         "--host", serve.host,
         "--port", str(port or serve.port),
-        "--max-model-len", str(max_len_for(model_path, serve.max_model_len)),
+        "--max-model-len", str(max_len),
         "--dtype", serving_dtype(serve.dtype, gpu=gpu, flags=cpu_flags()),
         "--logprobs-mode", "processed_logprobs",
         "--enable-scale-out",
     ]  # fmt: skip
     if not gpu:
-        command.append("--enforce-eager")
+        command += ["--enforce-eager", *cpu_prefill_args(max_len, serve.extra_args)]
     if serve.weight_push == "nccl":
         command += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     return command + lora_args(settings) + list(serve.extra_args)
+
+
+def cpu_prefill_args(max_len: int, extra_args: list[str]) -> list[str]:
+    """On a CPU, prompts are prefilled whole: a prompt split across engine steps has the token
+    sampled at its partial step discarded, and vLLM (0.32) then rewinds the request's random
+    generator, which a CPU generator cannot do: the engine dies ("CPU Generator does not use
+    offset") on the first seeded request (reviews, calibration) prefilled in parts. Every
+    prompt fits one step's token budget (`--max-num-batched-tokens` of the model length). Left
+    out where `serve.extra_args` sets either flag."""
+    if any(a.startswith(("--max-num-batched-tokens", "--enable-chunked-prefill",
+                         "--no-enable-chunked-prefill")) for a in extra_args):  # fmt: skip
+        return []
+    return ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max_len)]
 
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

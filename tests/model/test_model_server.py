@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,26 @@ def test_structured_output_follows_the_schema(vllm_server: VllmServer) -> None:
     for verdict in verdicts:
         assert json.loads(verdict.text)["verdict"] in {"accept", "reject"}
         assert len(verdict.logprobs) == len(verdict.token_ids)
+
+
+def test_seeded_requests_with_long_prompts_side_by_side_leave_the_engine_alive(
+    vllm_server: VllmServer,
+) -> None:
+    # Reviews and calibration send seeded requests of environment files (about 1,500 tokens).
+    # Several at once overflow one engine step's token budget; prefilled in parts, a seeded
+    # request's discarded sample made vLLM rewind a CPU random generator and the engine died
+    # ("CPU Generator does not use offset"): every later request answered 500.
+    # (each prompt its own from the first token: shared prefixes would come from the cache)
+    text = "alpha beta gamma delta " * 350
+    with InferenceClient([vllm_server.url], "smollm2-135m-instruct", attempts=1) as client:
+
+        def one(seed: int) -> int:
+            sampling = Sampling(max_tokens=4, temperature=1.0, seed=seed)
+            messages = [{"role": "user", "content": f"Text {seed}. Count its words: {text}"}]
+            (answer,) = client.chat(messages, sampling)
+            return len(answer.prompt_token_ids)
+
+        with ThreadPoolExecutor(8) as pool:
+            lengths = list(pool.map(one, range(8)))
+        (after,) = client.chat(QUESTION, GREEDY)
+    assert min(lengths) > 1400 and "Paris" in after.text
