@@ -68,7 +68,8 @@ def server_command(
     `--enable-scale-out` (the token-in/token-out `/inference/v1/generate` endpoint, whose
     outputs carry the weight version of every generated token) and, on a CPU,
     `--enforce-eager` (compiling would cost a minute or more at every start:
-    docs/results.md#figures-behind-defaults) and no chunked prefill (`cpu_prefill_args`). In
+    docs/results.md#figures-behind-defaults) and, where requests are seeded, no chunked
+    prefill (`cpu_prefill_args`). In
     LoRA mode (`grpo.lora_rank` > 0) the server takes adapters at run time (`lora_args`).
     """
     serve = settings.serve
@@ -85,21 +86,23 @@ def server_command(
         "--enable-scale-out",
     ]  # fmt: skip
     if not gpu:
-        command += ["--enforce-eager", *cpu_prefill_args(max_len, serve.extra_args)]
+        seeded = settings.admission.sampling_seed is not None
+        command += ["--enforce-eager", *cpu_prefill_args(max_len, serve.extra_args, seeded)]
     if serve.weight_push == "nccl":
         command += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     return command + lora_args(settings) + list(serve.extra_args)
 
 
-def cpu_prefill_args(max_len: int, extra_args: list[str]) -> list[str]:
-    """On a CPU, prompts are prefilled whole: a prompt split across engine steps has the token
-    sampled at its partial step discarded, and vLLM (0.32) then rewinds the request's random
-    generator, which a CPU generator cannot do: the engine dies ("CPU Generator does not use
-    offset") on the first seeded request (reviews, calibration) prefilled in parts. Every
-    prompt fits one step's token budget (`--max-num-batched-tokens` of the model length). Left
-    out where `serve.extra_args` sets either flag."""
-    if any(a.startswith(("--max-num-batched-tokens", "--enable-chunked-prefill",
-                         "--no-enable-chunked-prefill")) for a in extra_args):  # fmt: skip
+def cpu_prefill_args(max_len: int, extra_args: list[str], seeded: bool) -> list[str]:
+    """On a CPU serving seeded requests (`admission.sampling_seed` set), prompts are prefilled
+    whole: a prompt split across engine steps has the token sampled at its partial step
+    discarded, and vLLM (0.32) then rewinds the request's random generator, which a CPU
+    generator cannot do: the engine dies ("CPU Generator does not use offset"). Every prompt
+    then fits one step's token budget (`--max-num-batched-tokens` of the model length). It
+    costs throughput (docs/results.md#chunked-prefill-on-a-cpu), so unseeded serving (the
+    default) keeps chunked prefill. Left out where `serve.extra_args` sets either flag."""
+    if not seeded or any(a.startswith(("--max-num-batched-tokens", "--enable-chunked-prefill",
+                                       "--no-enable-chunked-prefill")) for a in extra_args):  # fmt: skip
         return []
     return ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max_len)]
 

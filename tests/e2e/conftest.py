@@ -21,7 +21,7 @@ from support import free_port, stop_servers
 
 from evoenv_model.models import prepare_model
 from evoenv_model.serve import start_server
-from shared.config import ServeSettings, Settings
+from shared.config import AdmissionSettings, ServeSettings, Settings
 from shared.errors import ServiceUnavailable
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,7 +60,9 @@ def shared_cluster(
         "EVOENV_GRPO__MAX_TOKENS": "64",
     }
     settings = Settings(
-        data_dir=CACHE, serve=ServeSettings(port=port, kv_cache_gib=1, max_model_len=4096)
+        data_dir=CACHE,
+        serve=ServeSettings(port=port, kv_cache_gib=1, max_model_len=4096),
+        admission=AdmissionSettings(sampling_seed=2),  # served as seeded requests need
     )
     model = prepare_model(settings)
     log_path = folder / "vllm.log"

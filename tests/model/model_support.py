@@ -47,9 +47,16 @@ def lora_server_settings(**serve: object) -> Settings:
     """`model_settings` with adapters enabled (rank 8, `MAX_STALENESS + 1` slots): the session
     server's, so that the LoRA tests share it. Requests that name no adapter get the base
     model, so the full-weight tests run on it as on a plain server (measured: the keep-mode
-    push test 72 s against 66, one run each)."""
-    return model_settings(**serve).model_copy(
-        update={"grpo": LORA, "learner": LearnerSettings(max_staleness=MAX_STALENESS)}
+    push test 72 s against 66, one run each). Seeded requests are served as where
+    `admission.sampling_seed` is set (on a CPU, prompts prefilled whole)."""
+    settings = model_settings(**serve)
+    seeded = settings.admission.model_copy(update={"sampling_seed": 0})
+    return settings.model_copy(
+        update={
+            "grpo": LORA,
+            "learner": LearnerSettings(max_staleness=MAX_STALENESS),
+            "admission": seeded,
+        }
     )
 
 

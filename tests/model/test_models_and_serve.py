@@ -77,14 +77,21 @@ def test_server_command_and_environment(tmp_path: Path) -> None:
     assert "--enforce-eager" in command and "--enable-scale-out" in command
     assert command[-2:] == ["--max-num-seqs", "64"]
     assert "--enforce-eager" not in server_command(settings, tmp_path, gpu=True)
-    # on a CPU a prompt is prefilled whole (`cpu_prefill_args`), unless the user says otherwise
-    assert command[command.index("--no-enable-chunked-prefill") + 1 :][:2] == [
+    # on a CPU, chunked prefill (vLLM's default) unless requests are seeded: then a prompt is
+    # prefilled whole (`cpu_prefill_args`), unless the user says otherwise
+    assert "--no-enable-chunked-prefill" not in command
+    assert "--max-num-batched-tokens" not in command
+    seeded = settings.model_copy(
+        update={"admission": settings.admission.model_copy(update={"sampling_seed": 2})}
+    )
+    whole = server_command(seeded, tmp_path)
+    assert whole[whole.index("--no-enable-chunked-prefill") + 1 :][:2] == [
         "--max-num-batched-tokens",
         "8192",
     ]
-    assert "--no-enable-chunked-prefill" not in server_command(settings, tmp_path, gpu=True)
+    assert "--no-enable-chunked-prefill" not in server_command(seeded, tmp_path, gpu=True)
     own = ServeSettings(extra_args=["--max-num-batched-tokens", "4096"])
-    mine = server_command(settings.model_copy(update={"serve": own}), tmp_path)
+    mine = server_command(seeded.model_copy(update={"serve": own}), tmp_path)
     assert "--no-enable-chunked-prefill" not in mine and mine.count("--max-num-batched-tokens") == 1
     # the dtype: chosen from this CPU's flags unless given; bfloat16 on a GPU
     assert flags["--dtype"] == cpu_dtype(cpu_flags())
