@@ -142,10 +142,13 @@ class Child:
 @dataclass
 class Supervisor:
     """The children of `evoenv up`; one that dies is restarted with a growing delay, at most
-    `max_restarts` times (or its own `Child.max_restarts`)."""
+    `max_restarts` times (or its own `Child.max_restarts`) in a row: a child that ran
+    `stable_after` seconds since its last start has its count start again at its next death,
+    so the limit stops a child that cannot run, not a long run with a death now and then."""
 
     children: list[Child] = field(default_factory=list)
     max_restarts: int = 5
+    stable_after: float = 600.0
     events: list[str] = field(default_factory=list)
     gave_up: str | None = None
     """The child that died more than its restarts allow (the watch then returns)."""
@@ -209,6 +212,8 @@ class Supervisor:
             stop.set()
             return
         reason = exit_reason(code, pids, child.oom_kills_at_start)
+        if child.restarts and time.monotonic() - child.started_at >= self.stable_after:
+            child.restarts = 0  # it ran long enough: an earlier death is forgiven
         limit = self.max_restarts if child.max_restarts is None else child.max_restarts
         if child.died is not None:
             child.died(reason)

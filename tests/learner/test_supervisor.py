@@ -85,6 +85,40 @@ def test_a_child_that_keeps_dying_is_given_up(tmp_path: Path) -> None:
     supervisor.stop_all()
 
 
+def test_a_child_that_ran_long_enough_has_its_restarts_counted_again(tmp_path: Path) -> None:
+    # the limit stops a child that cannot run; in a long run, deaths minutes apart are each
+    # restarted (here: three SIGKILLs, a limit of one, "long enough" 1 s)
+    child = Child(
+        "sleeper",
+        [sys.executable, "-c", "import time; time.sleep(600)"],
+        dict(os.environ),
+        tmp_path / "sleeper.log",
+    )
+    supervisor = Supervisor(max_restarts=1, stable_after=1.0)
+    supervisor.add(child)
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        await supervisor.start(child, timeout=10)
+        watcher = asyncio.create_task(supervisor.watch(stop))
+        for _ in range(3):
+            before = child.proc.pid  # type: ignore[union-attr]
+            await asyncio.sleep(1.5)  # longer than stable_after
+            os.killpg(before, signal.SIGKILL)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and (
+                child.proc is None or child.proc.pid == before or not child.alive
+            ):
+                await asyncio.sleep(0.1)
+        stop.set()
+        await watcher
+
+    asyncio.run(scenario())
+    assert supervisor.gave_up is None and child.alive and child.restarts == 1
+    assert sum("restart 1 of 1" in event for event in supervisor.events) == 3
+    supervisor.stop_all()
+
+
 ESCAPER = """
 import subprocess, sys, time
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
