@@ -51,6 +51,11 @@ if TYPE_CHECKING:
     from evoenv_learner.publisher import WeightPublisher
     from evoenv_learner.trainer import Trainer
 
+REDIS_OUTAGE = 300.0
+"""Seconds the learner waits for a lost Redis before it ends (and `up` restarts it)."""
+REDIS_RETRY = 2.0
+"""Seconds between reads while Redis is lost."""
+
 log = structlog.get_logger(__name__)
 
 GroupExpiry = Callable[[Settings, "redis.Redis", Archive], Callable[[str, str], bool]]
@@ -425,10 +430,24 @@ class Learner:
         await self.consumer.acknowledge(ids)
 
     async def consume(self) -> None:
-        """Groups from the stream settled (`intake`) and the trainable ones queued."""
+        """Groups from the stream settled (`intake`) and the trainable ones queued. Redis lost
+        (restarted, a connection it closed) is waited for, up to `REDIS_OUTAGE` seconds, before
+        the error ends the learner: a restart would roll the weights back to the checkpoint."""
         state, consumer = self.state, self.consumer
+        lost_since: float | None = None
         while not self.stop.is_set():
-            groups = await consumer.read(self.settings.grpo.batch_groups, 1000, state.version)
+            try:
+                groups = await consumer.read(self.settings.grpo.batch_groups, 1000, state.version)
+            except (aioredis.ConnectionError, aioredis.TimeoutError) as exc:
+                lost_since = lost_since or time.monotonic()
+                if time.monotonic() - lost_since > REDIS_OUTAGE:
+                    raise
+                log.warning("redis_unreachable", error=str(exc)[:200], retry_in=REDIS_RETRY)
+                await asyncio.sleep(REDIS_RETRY)
+                continue
+            if lost_since is not None:
+                log.info("redis_back", after=round(time.monotonic() - lost_since, 1))
+                lost_since = None
             state.stale_dropped = consumer.stats.stale + state.stale_at_step
             settle_dropped(consumer.take_dropped(), self.orchestrator, state.funnel)
             for group in groups:
