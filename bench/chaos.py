@@ -38,6 +38,7 @@ import itertools
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -232,7 +233,10 @@ class Chaos:
                 if not self.half and time.time() >= started + minutes * 30:
                     self.half = self.snapshot(started)
                 if time.time() >= next_fault and time.time() < end - 120:
-                    fault = self.inject(self.next_kind())
+                    kind = self.next_kind()
+                    if kind == "sigstop" and time.time() > end - VISIBILITY - 150:
+                        kind = self.next_kind()  # its SIGCONT would come too late to measure
+                    fault = self.inject(kind)
                     fault["minute"] = round((fault["at"] - started) / 60, 1)
                     self.faults.append(fault)
                     print(f"chaos: {json.dumps(fault)}", flush=True)
@@ -245,7 +249,7 @@ class Chaos:
             if not exited_early:
                 try:
                     in_stream = self.stream_groups()
-                except Exception as exc:  # reported: the losses then count every unread group
+                except Exception as exc:  # noqa: BLE001 (said; losses then count unread groups)
                     print(f"chaos: could not read the stream: {exc}", flush=True)
             proc.send_signal(signal.SIGINT)
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -359,6 +363,9 @@ def analyse(
     before = [e for e in events if e["_t"] <= snapshot_at]
     graded = {str(e["group_id"]) for e in before if e.get("event") == "group_graded"}
     graded |= {str(e["group_id"]) for e in before if e.get("event") == "generation_group_done"}
+    # held-out evaluations are graded too, into the evaluation's own run: not the trainer's
+    evaluated = re.compile(r"'run': '[^']*-eval', 'group_id': '([0-9a-f]+)'")
+    graded -= {m for e in events for m in evaluated.findall(str(e.get("event")))}
     settled = {str(e.get("group")) for e in events if e.get("event") in (
         "group_skipped", "rollout_stale", "rollout_stale_at_step")}  # fmt: skip
     lost = sorted(graded - set(counts) - settled - in_stream)
