@@ -1,6 +1,7 @@
 """A chaos run: `evoenv up` from a fresh data folder while faults are injected, then one table.
 
     python bench/chaos.py [--minutes 60] [--every 240] [--warmup 300] [--seed 0] [--data-dir D]
+                          [--kinds worker,vllm,learner,flower,redis,sigstop,hostile]
 
 `up` starts as a user starts it (defaults, JSON logs), on a fresh data folder whose `models`
 links to the prepared models (`evoenv model prepare` first). After `--warmup` seconds, and then
@@ -137,7 +138,7 @@ class Chaos:
 
     def next_kind(self) -> str:
         if not self.cycle:
-            self.cycle = list(KINDS)
+            self.cycle = list(self.args.kinds)
             self.rng.shuffle(self.cycle)
         return self.cycle.pop(0)
 
@@ -457,6 +458,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=300.0, help="seconds before the first")
     parser.add_argument("--seed", type=int, default=0, help="the order of the fault kinds")
     parser.add_argument(
+        "--kinds",
+        type=lambda text: [k for k in text.split(",") if k],
+        default=list(KINDS),
+        help=f"comma-separated fault kinds, of {','.join(KINDS)} (default: all)",
+    )
+    parser.add_argument(
         "--data-dir",
         type=Path,
         default=REPO / ".cache" / "evoenv" / f"chaos-{time.strftime('%Y%m%d-%H%M%S')}",
@@ -465,6 +472,9 @@ def main() -> None:
         "--analyse", type=Path, metavar="DATA", help="analyse a finished run's folder again"
     )
     args = parser.parse_args()
+    unknown = sorted(set(args.kinds) - set(KINDS))
+    if unknown or not args.kinds:
+        parser.error(f"unknown fault kind(s) {', '.join(unknown) or '(none)'}; of {KINDS}")
     if args.analyse:
         sys.exit(finish(args.analyse, args.minutes))
     sys.exit(Chaos(args).run())
