@@ -37,6 +37,7 @@ from evoenv_learner.memory import (
 )
 from evoenv_learner.metrics import MetricsSink
 from evoenv_learner.orchestrator import Orchestrator
+from evoenv_learner.outage import LOST, Outage
 from evoenv_learner.pool import Pool, seed_pool
 from shared.config import Settings
 from shared.db import Archive
@@ -50,11 +51,6 @@ if TYPE_CHECKING:
 
     from evoenv_learner.publisher import WeightPublisher
     from evoenv_learner.trainer import Trainer
-
-REDIS_OUTAGE = 300.0
-"""Seconds the learner waits for a lost Redis before it ends (and `up` restarts it)."""
-REDIS_RETRY = 2.0
-"""Seconds between reads while Redis is lost."""
 
 log = structlog.get_logger(__name__)
 
@@ -430,24 +426,17 @@ class Learner:
         await self.consumer.acknowledge(ids)
 
     async def consume(self) -> None:
-        """Groups from the stream settled (`intake`) and the trainable ones queued. Redis lost
-        (restarted, a connection it closed) is waited for, up to `REDIS_OUTAGE` seconds, before
-        the error ends the learner: a restart would roll the weights back to the checkpoint."""
+        """Groups from the stream settled (`intake`) and the trainable ones queued; a lost
+        Redis is waited for (`outage.Outage`)."""
         state, consumer = self.state, self.consumer
-        lost_since: float | None = None
+        outage = Outage("stream")
         while not self.stop.is_set():
             try:
                 groups = await consumer.read(self.settings.grpo.batch_groups, 1000, state.version)
-            except (aioredis.ConnectionError, aioredis.TimeoutError) as exc:
-                lost_since = lost_since or time.monotonic()
-                if time.monotonic() - lost_since > REDIS_OUTAGE:
-                    raise
-                log.warning("redis_unreachable", error=str(exc)[:200], retry_in=REDIS_RETRY)
-                await asyncio.sleep(REDIS_RETRY)
+            except LOST as exc:
+                await outage.failed(exc)
                 continue
-            if lost_since is not None:
-                log.info("redis_back", after=round(time.monotonic() - lost_since, 1))
-                lost_since = None
+            outage.ok()
             state.stale_dropped = consumer.stats.stale + state.stale_at_step
             settle_dropped(consumer.take_dropped(), self.orchestrator, state.funnel)
             for group in groups:

@@ -16,6 +16,7 @@ import structlog
 
 from evoenv_learner.dispatch import SolverDispatch
 from evoenv_learner.levels import LevelTracker
+from evoenv_learner.outage import LOST, Outage
 from evoenv_learner.pool import Pool, PoolEntry
 from evoenv_learner.proposals import Proposals
 from evoenv_learner.serving_search import Measure, ServingSearch
@@ -75,17 +76,27 @@ class Orchestrator:
         synchronous = self.settings.learner.synchronous
         if synchronous and self.settings.learner.generator_groups_in_flight:
             log.warning("synchronous_mode", detail="no generation groups are sent")
+        outage = Outage("jobs")
         while not stop.is_set():
-            self.solvers.reap()
-            await self.proposals.expire_lost()
-            if await self.backlog() < self.settings.learner.stream_backlog:
-                for _ in range(self.solvers.wanted()):
-                    self.solvers.send()
-                while not synchronous and (
-                    len(self.proposals.in_flight) < self.settings.learner.generator_groups_in_flight
-                ):
-                    self.proposals.send()
+            try:
+                await self._round(synchronous)
+            except LOST as exc:  # Redis lost: waited for, up to `outage.REDIS_OUTAGE`
+                await outage.failed(exc)
+                continue
+            outage.ok()
             await self._pause(stop, SEND_POLL_SECONDS)
+
+    async def _round(self, synchronous: bool) -> None:
+        """Reap what came back, expire what is lost, and send what the slots allow."""
+        self.solvers.reap()
+        await self.proposals.expire_lost()
+        if await self.backlog() < self.settings.learner.stream_backlog:
+            for _ in range(self.solvers.wanted()):
+                self.solvers.send()
+            while not synchronous and (
+                len(self.proposals.in_flight) < self.settings.learner.generator_groups_in_flight
+            ):
+                self.proposals.send()
 
     async def _pause(self, stop: asyncio.Event, seconds: float) -> None:
         """Until `stop`, `batch_trained` or `seconds` have passed, whichever comes first."""
