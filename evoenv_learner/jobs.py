@@ -14,9 +14,13 @@ from celery import Celery, chain
 from celery.canvas import Signature
 from celery.result import AsyncResult
 from kombu import Queue
+from kombu.exceptions import OperationalError
 
 from shared import keys, routes
 from shared.config import Settings
+
+BROKER_LOST = (OperationalError,)
+"""What sending a job raises when the broker (Redis) cannot be reached."""
 
 app = Celery("evoenv-learner", set_as_current=False)
 _limits: dict[str, float] | None = None

@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-import kombu.exceptions
 import redis
 import structlog
+
+from evoenv_learner.jobs import BROKER_LOST
 
 log = structlog.get_logger(__name__)
 
@@ -16,7 +17,7 @@ REDIS_OUTAGE = 300.0
 """Seconds a loop waits for a lost Redis before the error ends the learner (`up` restarts it)."""
 REDIS_RETRY = 2.0
 """Seconds between tries while Redis is lost."""
-LOST = (redis.ConnectionError, redis.TimeoutError, kombu.exceptions.OperationalError)
+LOST = (redis.ConnectionError, redis.TimeoutError, *BROKER_LOST)
 """What a lost Redis raises: redis-py's errors (sync and asyncio share them), Celery's sends."""
 
 
