@@ -52,7 +52,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from evoenv_cli.supervisor import descendants, process_parents  # noqa: E402
+from evoenv_cli.supervisor import command_pid, descendants  # noqa: E402
 from shared.config import Settings  # noqa: E402
 
 KINDS = ("worker", "vllm", "learner", "flower", "redis", "sigstop", "hostile")
@@ -83,12 +83,6 @@ def read_events(logs: Path) -> list[dict[str, Any]]:
                 event["_log"], event["_t"] = path.stem, when(event)
                 out.append(event)
     return sorted(out, key=lambda e: e["_t"])
-
-
-def command_pid(reaper: int) -> int | None:
-    """The command a child's reaper runs (its one child process), if it runs."""
-    found = [pid for pid, parent in process_parents().items() if parent == reaper]
-    return found[0] if found else None
 
 
 def child_pid(logs: Path, name: str) -> int | None:

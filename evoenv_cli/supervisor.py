@@ -300,6 +300,12 @@ def process_parents() -> dict[int, int]:
     return parents
 
 
+def command_pid(reaper: int) -> int | None:
+    """The command a child's reaper runs (its one child process), if it runs."""
+    found = [pid for pid, parent in process_parents().items() if parent == reaper]
+    return found[0] if found else None
+
+
 def exit_reason(code: int | None, pids: set[int], oom_kills_at_start: int | None = None) -> str:
     """How a child ended, in words: "exited with status 1", "was killed by SIGKILL", and for a
     SIGKILL, "(the kernel's out-of-memory killer)" where the kernel's log names one of `pids`

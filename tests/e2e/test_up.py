@@ -24,7 +24,7 @@ import pytest
 from e2e_support import evoenv
 from matplotlib import image
 
-from evoenv_cli.supervisor import descendants, process_parents
+from evoenv_cli.supervisor import command_pid, descendants
 from shared.db import Archive
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -98,12 +98,6 @@ def _run_events(data_dir: Path) -> list[dict[str, object]]:
     """Every JSON event of the run's logs so far: `up`'s own (up.log), the learner's, ..."""
     logs = data_dir / "runs" / "default" / "logs"
     return [e for path in sorted(logs.glob("*.log")) for e in events(path)]
-
-
-def command_pid(reaper: int) -> int | None:
-    """The command a child's reaper runs (its one child process), if it runs."""
-    found = [pid for pid, parent in process_parents().items() if parent == reaper]
-    return found[0] if found else None
 
 
 def _watch(
