@@ -1,5 +1,5 @@
 """The workers' Redis broker transport: kombu's, except that a queue entry that is not a message
-at all is dropped with a logged reason instead of ending the worker (see `Channel`).
+is dropped with a logged reason, and a channel outlives its connection's loss (see `Channel`).
 
 `install()` makes it the transport of `redis://` and `rediss://` URLs.
 """
@@ -22,14 +22,32 @@ TypeError)."""
 
 
 class Channel(kombu_redis.Channel):  # type: ignore[misc]
-    """kombu's Redis channel, dropping queue entries that are not messages.
+    """kombu's Redis channel, dropping queue entries that are not messages, and still able to
+    reach Redis after Celery let go of its connection.
 
     kombu decodes each entry it pops from a queue list before Celery sees it; an entry that is
     not JSON, or not shaped like a kombu message, raises out of the event loop and Celery stops
     the worker ("Unrecoverable error"). Such an entry has no task id and nothing to retry, so it
     is logged (`bad_message`) and dropped. Payloads that are well-formed messages but fail their
     pydantic model are the tasks' business (`JobTask.decode`: dead letter with the reason).
+
+    When Redis goes away, Celery's consumer detaches the connection from its transport
+    (`Connection.collect`) and then closes it; closing a channel that holds jobs in flight hands
+    them back to Redis, and a job finishing later acknowledges through the same channel. Both
+    build a Redis client from the transport's connection, gone by then: kombu raised
+    AttributeError, which is no connection error, so the worker stopped ("Unrecoverable error")
+    and the finished job's acknowledgement was lost (it would run again after the visibility
+    timeout). The channel keeps the connection parameters it was made with for those calls.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._params: dict[str, Any] = super()._connparams()
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        if asynchronous or self.connection.client is not None:
+            return super()._connparams(asynchronous=asynchronous)  # type: ignore[no-any-return]
+        return dict(self._params)
 
     def _brpop_read(self, **options: Any) -> Any:
         try:

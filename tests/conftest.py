@@ -69,8 +69,10 @@ class RedisServer:
             self.proc.wait(10)
             self.proc = None
 
-    def restart(self) -> None:
+    def restart(self, down: float = 0.0) -> None:
+        """Stop, stay down `down` seconds, start again on the same port and data."""
         self.stop()
+        time.sleep(down)
         self.start()
 
 

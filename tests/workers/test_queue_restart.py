@@ -97,3 +97,57 @@ def test_queued_jobs_survive_a_redis_restart(server: Any, tmp_path: Path) -> Non
         assert _depths(client) == dict.fromkeys(keys.QUEUES, 0)
     finally:
         client.close()
+
+
+SLOW_SCORE = DOUBLING.replace(
+    "    def score(self, instance: dict, reference: int, answer: str) -> float:\n",
+    "    def score(self, instance: dict, reference: int, answer: str) -> float:\n"
+    "        import time\n\n"
+    "        time.sleep(1.5)\n",
+)
+
+
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
+def test_a_worker_with_a_job_in_flight_lives_through_a_redis_restart(
+    server: Any, tmp_path: Path, pool: str
+) -> None:
+    """Redis goes away for a few seconds while a job runs: the worker reconnects instead of
+    stopping, the job's acknowledgement reaches the restarted Redis (nothing left to be
+    delivered again), and the worker takes the next job."""
+    assert SLOW_SCORE != DOUBLING
+    run = f"inflight-{uuid.uuid4().hex[:6]}"
+    slow = solver_job(SLOW_SCORE, [str(2 * n) for n in range(16)], run=run)
+    cluster = Cluster(server.url, tmp_path, _client_app(server.url), {})
+    client = redis.Redis.from_url(server.url)
+    try:
+        worker = cluster.start_worker([keys.GRADING_QUEUE], concurrency=2, pool=pool)
+        slow_id = cluster.app.send_task("evoenv.grade", args=[slow], queue=keys.GRADING_QUEUE).id
+        wait_for(lambda: cluster.active(worker), 60, "the slow job to start", 0.5)
+        server.restart(down=5.0)
+        client = redis.Redis.from_url(server.url)
+        wait_for(
+            lambda: (_meta(client, slow_id) or {}).get("status") == "SUCCESS",
+            120,
+            "the slow job to finish",
+            0.5,
+        )
+        fast = solver_job(DOUBLING, ["2"], run=run, seed=1)
+        fast_id = cluster.app.send_task("evoenv.grade", args=[fast], queue=keys.GRADING_QUEUE).id
+        wait_for(
+            lambda: (_meta(client, fast_id) or {}).get("status") == "SUCCESS"
+            or worker.proc.poll() is not None,
+            60,
+            "the next job to run (or the worker to stop)",
+            0.5,
+        )
+        assert worker.proc.poll() is None, f"the worker stopped:\n{worker.log_text()[-3000:]}"
+        assert "Unrecoverable error" not in worker.log_text()
+        assert client.hlen("unacked") == 0 and client.zcard("unacked_index") == 0, (
+            "a finished job is still waiting to be delivered again"
+        )
+        groups = [g["group_id"] for g in stream_groups(server.url, run)]
+        assert sorted(groups) == sorted([slow["group_id"], fast["group_id"]])
+    finally:
+        cluster.stop()
+        cluster.app.close()
+        client.close()

@@ -201,7 +201,12 @@ class Cluster:
         return clean_env(**self.env, **overrides)
 
     def start_worker(
-        self, queues: Sequence[str], concurrency: int = 2, wait: bool = True, **env: str
+        self,
+        queues: Sequence[str],
+        concurrency: int = 2,
+        wait: bool = True,
+        pool: str | None = None,
+        **env: str,
     ) -> Worker:
         prefix = f"{'-'.join(queues)}-{uuid.uuid4().hex[:6]}"
         command = [
@@ -213,6 +218,7 @@ class Cluster:
             str(concurrency),
             "--name",
             f"{prefix}@%h",
+            *(["--pool", pool] if pool else []),
         ]
         service = spawn(command, self.worker_env(**env), self.data_dir / f"worker-{prefix}.log")
         worker = Worker(service.proc, service.log, prefix=prefix, queues=tuple(queues))
