@@ -5,6 +5,7 @@ them and records their results; `tasks.py` runs each as a job on its queue."""
 from __future__ import annotations
 
 import hashlib
+import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -17,9 +18,10 @@ from evoenv_worker.novelty import EnvEmbedding, novelty, similarity
 from evoenv_worker.review import VERDICT_SCHEMA, parse_verdict, review_messages, summarise
 from evoenv_worker.running_checks import canonical, instance_op
 from shared.config import Settings
-from shared.environment import build_prompt, extract_answer
+from shared.environment import TRAIN_SEEDS, build_prompt, extract_answer
 from shared.inference import Completion, InferenceClient, Sampling
 from shared.messages import (
+    CalibrationProbe,
     StageJob,
     StageReport,
     Trace,
@@ -163,6 +165,105 @@ def calibration_stage(sandbox: Sandbox, job: StageJob, settings: Settings) -> St
         seconds=seconds,
         data=data,
         detail=f"pass rate {passes}/{m} at difficulty {job.difficulty}: {verdict}",
+    )
+
+
+def calibration_seeds(settings: Settings, job_id: str, sha: str, salt: str = "") -> list[int]:
+    """The m training seeds of one calibration: from the job id, or from `sampling_seed` and the
+    source's hash when that is set; `salt` (the search's level and turn) makes each later
+    calibration of the same candidate draw fresh ones."""
+    fixed = settings.admission.sampling_seed
+    base = f"calibration:{job_id}" if fixed is None else f"{fixed}:{sha}"
+    rng = random.Random(base + (f":{salt}" if salt else ""))
+    count = settings.admission.calibration_instances
+    return [rng.randrange(TRAIN_SEEDS.start, TRAIN_SEEDS.stop) for _ in range(count)]
+
+
+def calibration_next(
+    job: StageJob, report: StageReport, settings: Settings
+) -> tuple[StageJob | None, StageReport]:
+    """After one calibration: the next one the search asks for (None when this one decides),
+    and the stage's report once decided.
+
+    With `admission.calibration_search` at 0 the first calibration decides, as in the paper.
+    Otherwise a pass rate of 1 (0) at the calibration difficulty sends m fresh instances one
+    level harder (easier), up to that many levels, never past the environment's range nor back
+    to a level already tried. A level found inside (0, 1) is calibrated once more on m fresh
+    instances, and only that calibration decides (no admission on the draws that chose the
+    level): admitted, its figures are the report's. Otherwise the report is the calibration
+    difficulty's, its a and Q unchanged; the levels tried are listed in its detail and data."""
+    data = report.data
+    if "passes" not in data or data.get("env_errors"):
+        return None, _searched(job.probes, report)  # the environment failed: that decides
+    passes, m = int(data["passes"]), int(data["instances"])
+    probes = [*job.probes, CalibrationProbe(difficulty=job.difficulty, passes=passes, instances=m)]
+    inside = 0 < passes < m
+    if job.confirm or (inside and not job.probes):
+        return None, _searched(job.probes, report) if inside else _first(probes, settings)
+    if inside:
+        return _fresh(job, job.difficulty, probes, settings, confirm=True), report
+    level = job.difficulty + (1 if passes == m else -1)
+    lo = job.difficulty if job.min_difficulty is None else job.min_difficulty
+    hi = job.difficulty if job.max_difficulty is None else job.max_difficulty
+    searching = len(job.probes) < settings.admission.calibration_search
+    if searching and lo <= level <= hi and level not in {p.difficulty for p in probes}:
+        return _fresh(job, level, probes, settings, confirm=False), report
+    return None, _first(probes, settings) if len(probes) > 1 else report
+
+
+def _fresh(
+    job: StageJob, level: int, probes: list[CalibrationProbe], settings: Settings, confirm: bool
+) -> StageJob:
+    salt = f"{len(probes)}:{level}"
+    return job.model_copy(
+        update={
+            "difficulty": level,
+            "seeds": calibration_seeds(settings, job.job_id, job.env.sha, salt),
+            "prompts": [],
+            "completions": [],
+            "probes": probes,
+            "confirm": confirm,
+            "error": None,
+        }
+    )
+
+
+def _levels(probes: list[CalibrationProbe]) -> str:
+    return ", ".join(f"{p.passes}/{p.instances} at {p.difficulty}" for p in probes)
+
+
+def _searched(probes: list[CalibrationProbe], report: StageReport) -> StageReport:
+    """`report` (the deciding calibration) with the levels the search tried before it."""
+    if not probes:
+        return report
+    data = {**report.data, "search": [p.model_dump() for p in probes]}
+    detail = f"{report.detail} (the search tried {_levels(probes)} first)"
+    return report.model_copy(update={"data": data, "detail": detail})
+
+
+def _first(probes: list[CalibrationProbe], settings: Settings) -> StageReport:
+    """The calibration difficulty's report, after a search that found no level inside (0, 1)
+    (or whose fresh calibration there did not confirm it)."""
+    first = probes[0]
+    rate = first.passes / first.instances
+    verdict = "always solved: too easy" if first.passes == first.instances else "never solved"
+    return StageReport(
+        stage="calibration",
+        ok=False,
+        seconds=0.0,  # type: ignore[arg-type]
+        data={
+            "pass_rate": rate,
+            "passes": first.passes,
+            "instances": first.instances,
+            "difficulty": first.difficulty,
+            "env_errors": 0,
+            "quality": round(quality(rate, settings.admission), 6),
+            "search": [p.model_dump() for p in probes[1:]],
+        },
+        detail=(
+            f"pass rate {first.passes}/{first.instances} at difficulty {first.difficulty}: "
+            f"{verdict}; no level inside (0, 1) after the search: {_levels(probes[1:])}"
+        ),
     )
 
 

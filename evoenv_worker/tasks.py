@@ -154,8 +154,14 @@ def send_model_stages(job: StageJob) -> None:
     """Review on `generation`; calibration as sample -> complete -> grade; novelty on `validation`."""
     payload = job.model_dump(mode="json")
     review.apply_async(args=[payload])
-    chain(calibrate_sample.s(payload), calibrate_complete.s(), calibrate_grade.s()).apply_async()
+    send_calibration(job)
     novelty.apply_async(args=[payload])
+
+
+def send_calibration(job: StageJob) -> None:
+    """One calibration of a candidate: sample (grading) -> complete (generation) -> grade."""
+    payload = job.model_dump(mode="json")
+    chain(calibrate_sample.s(payload), calibrate_complete.s(), calibrate_grade.s()).apply_async()
 
 
 @app.task(name="evoenv.sample", base=JobTask, bind=True)
@@ -266,13 +272,18 @@ def calibrate_complete(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]
 
 @app.task(name="evoenv.calibrate_grade", base=JobTask, bind=True)
 def calibrate_grade(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
-    """Calibration, step 3: grade the answers; the pass rate decides (grading queue)."""
-    from evoenv_worker.model_stages import calibration_stage
+    """Calibration, step 3: grade the answers; the pass rate decides, or sends the calibration
+    search's next level through the same three steps (grading queue)."""
+    from evoenv_worker.model_stages import calibration_next, calibration_stage
     from evoenv_worker.verdict import finish_stage
 
     job = self.decode(StageJob, payload)
     ctx = context.current()
-    report = calibration_stage(ctx.sandbox(), job, ctx.settings)
+    found = calibration_stage(ctx.sandbox(), job, ctx.settings)
+    following, report = calibration_next(job, found, ctx.settings)
+    if following is not None:
+        send_calibration(following)
+        return found.model_dump(mode="json")
     finalize_completed(ctx, finish_stage(ctx, job, report))
     return report.model_dump(mode="json")
 

@@ -7,7 +7,6 @@ Plain functions; `tasks.py` turns what they return into jobs. How one candidate 
 from __future__ import annotations
 
 import json
-import random
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,7 +17,6 @@ from shared import keys
 from shared.config import Settings
 from shared.db import source_sha
 from shared.env_stats import CalibrationFigures, EnvStats, NoveltyFigures
-from shared.environment import TRAIN_SEEDS
 from shared.groups import GroupTracker
 from shared.messages import (
     MODEL_STAGES,
@@ -132,7 +130,7 @@ def stage_job_for(ctx: WorkerContext, job: ValidateJob) -> StageJob | None:
     (seed 0, the middle difficulty) from the sandbox; None if it cannot be sampled."""
     settings = ctx.settings
     run = run_of(job, settings)
-    from evoenv_worker.model_stages import trace_instance
+    from evoenv_worker.model_stages import calibration_seeds, trace_instance
 
     traced = trace_instance(ctx.sandbox(), job.source, job.file)
     if traced is None:
@@ -142,12 +140,6 @@ def stage_job_for(ctx: WorkerContext, job: ValidateJob) -> StageJob | None:
     difficulty = settings.admission.calibration_difficulty
     difficulty = trace.difficulty if difficulty is None else min(max(difficulty, lo), hi)
     sha = source_sha(job.source)
-    fixed = settings.admission.sampling_seed
-    rng = random.Random(f"calibration:{job.job_id}" if fixed is None else f"{fixed}:{sha}")
-    seeds = [
-        rng.randrange(TRAIN_SEEDS.start, TRAIN_SEEDS.stop)
-        for _ in range(settings.admission.calibration_instances)
-    ]
     env = EnvRef(name=str(meta["name"]), sha=sha, source=job.source)
     return StageJob(
         job_id=job.job_id,
@@ -156,7 +148,9 @@ def stage_job_for(ctx: WorkerContext, job: ValidateJob) -> StageJob | None:
         oracle=str(meta["oracle"]),
         difficulty=difficulty,
         trace=trace,
-        seeds=seeds,
+        seeds=calibration_seeds(settings, job.job_id, sha),
+        min_difficulty=lo,
+        max_difficulty=hi,
     )
 
 
@@ -216,6 +210,7 @@ def run_locally(
     """The model stages in this process, one after the other (`evoenv validate --all`)."""
     from evoenv_worker.model_stages import (
         calibration_complete,
+        calibration_next,
         calibration_sample,
         calibration_stage,
         novelty_stage,
@@ -232,9 +227,13 @@ def run_locally(
             if stage == "review":
                 reports.append(review_stage(ctx.reviewer(), stage_job, ctx.settings))
             elif stage == "calibration":
-                sampled = calibration_sample(ctx.sandbox(), stage_job)
-                answered = calibration_complete(ctx.inference(), sampled, ctx.settings)
-                reports.append(calibration_stage(ctx.sandbox(), answered, ctx.settings))
+                calibration: StageJob | None = stage_job
+                while calibration is not None:  # the search's levels, then the deciding one
+                    sampled = calibration_sample(ctx.sandbox(), calibration)
+                    answered = calibration_complete(ctx.inference(), sampled, ctx.settings)
+                    found = calibration_stage(ctx.sandbox(), answered, ctx.settings)
+                    calibration, found = calibration_next(calibration, found, ctx.settings)
+                reports.append(found)
             elif stage == "novelty":
                 reports.append(novelty_stage(ctx, stage_job))
         except EvoEnvError as exc:

@@ -199,6 +199,11 @@ class AdmissionSettings(BaseModel):
     """m: fresh instances the solver answers once each at the calibration difficulty."""
     calibration_difficulty: int | None = None
     """Difficulty of calibration (None: the middle of the environment's range)."""
+    calibration_search: int = Field(0, ge=0)
+    """Levels the calibration search may try when the pass rate at the calibration difficulty is
+    0 or 1: one level at a time toward the frontier (harder after 1, easier after 0), m fresh
+    instances each; a level found inside (0, 1) is calibrated again on m fresh instances, which
+    alone decide (0: off, the paper's single calibration)."""
     target_pass_rate: float = 0.3
     """a*: the pass rate admission and serving aim at."""
     quality_width: float = 0.2

@@ -339,6 +339,16 @@ class Trace(BaseModel):
     answer_text: str
 
 
+class CalibrationProbe(BaseModel):
+    """One calibration of a candidate at one level (the calibration search's record)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    difficulty: int
+    passes: int
+    instances: int
+
+
 class StageJob(Message):
     """A model stage of one candidate (review, calibration or novelty)."""
 
@@ -356,6 +366,13 @@ class StageJob(Message):
     """Calibration: filled by the sampling step."""
     completions: list[CompletionRecord] = Field(default_factory=list)
     """Calibration: filled by the completion step, one per prompt."""
+    min_difficulty: int | None = None
+    max_difficulty: int | None = None
+    """The environment's range: the calibration search stays inside it."""
+    probes: list[CalibrationProbe] = Field(default_factory=list)
+    """Calibration search: the levels calibrated before this job's, in order."""
+    confirm: bool = False
+    """Calibration search: this is the fresh calibration at the level the search found."""
     error: str | None = None
 
 
