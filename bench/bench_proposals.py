@@ -19,8 +19,11 @@ outcome; then where each stopped. The baseline, in the same run: `topic`.
     python bench/bench_proposals.py --modes topic,mutation,repair,own_task --n 48 \\
         --weights ~/.evoenv/runs/default/checkpoints/step-00000014
     python bench/bench_proposals.py --n 2 --modes topic,own_task        # smoke check
+    python bench/bench_proposals.py --modes topic,mutation --n 48 --calibration-search 2
 
-`--out FILE` keeps every proposal (mode, reply, report, reward) as JSON lines. No Redis, no
+`--calibration-search K` adds, after each mode, the same proposals with the calibration search
+at K levels (`EVOENV_ADMISSION__CALIBRATION_SEARCH`): those that failed calibration go on from
+it, the others keep their reports. `--out FILE` keeps every proposal (mode, reply, report, reward) as JSON lines. No Redis, no
 workers.
 """
 
@@ -50,7 +53,7 @@ from evoenv_worker.mechanical import validate_source
 from evoenv_worker.proposal_code import written_code
 from evoenv_worker.sandbox.host import Sandbox
 from evoenv_worker.solver_completions import make_client
-from evoenv_worker.verdict import run_locally
+from evoenv_worker.verdict import calibrate_locally, combine, run_locally, stage_job_for
 from shared.config import Settings
 from shared.errors import UsageError
 from shared.inference import Completion, InferenceClient, Sampling
@@ -119,6 +122,9 @@ class Row:
     judged: list[Judged] = field(default_factory=list)
     seconds: float = 0.0
     note: str = ""
+    search: int = 0
+    """Levels of the calibration search (`--calibration-search`; 0: the first calibration
+    decides)."""
 
 
 def checkpoint_model(weights: Path) -> Path:
@@ -212,13 +218,50 @@ def judge(
     if report.verdict == "admitted":
         job = ValidateJob.for_file(f"bench-{index}", file, data)
         report = run_locally(ctx, job, report, list(MODEL_STAGES))
+    return report, reward_of(report, gamma, ctx.settings)
+
+
+def reward_of(report: ValidationReport, gamma: float, settings: Settings) -> float | None:
+    """The generator's reward for a judged file (None: a check could not run)."""
     if report.verdict == "error":
-        return report, None
+        return None
     stages = {s.stage: s for s in report.stages}
     failed = {s.stage for s in report.stages if not s.ok}
     rate = stages["calibration"].data.get("pass_rate") if "calibration" in stages else None
     similarity = stages["novelty"].data.get("similarity") if "novelty" in stages else None
-    return report, generator_reward(failed, rate, similarity, gamma, ctx.settings.admission).total
+    return generator_reward(failed, rate, similarity, gamma, settings.admission).total
+
+
+def with_search(ctx: WorkerContext, row: Row, k: int, gamma: float) -> Row:
+    """`row` judged again with the calibration search at `k` levels: each proposal that failed
+    calibration (a = 0 or 1) goes on from that very calibration (its draws count as the search's
+    first level, as in admission); every other one keeps its report."""
+    admission = ctx.settings.admission.model_copy(update={"calibration_search": k})
+    settings = ctx.settings.model_copy(update={"admission": admission})
+    out = Row(row.mode, row.temperature, note=f"{row.note} +search {k}", search=k)
+    started = time.perf_counter()
+    for j in row.judged:
+        calibration = next((s for s in j.report.stages if s.stage == "calibration"), None)
+        stage_job = None
+        if calibration is not None and not calibration.ok and "passes" in calibration.data:
+            data = written_code(j.text).encode()
+            job = ValidateJob.for_file(f"bench-{j.index}", f"candidate_{j.index}.py", data)
+            stage_job = stage_job_for(ctx, job)
+        if calibration is None or stage_job is None or calibration.data.get("env_errors"):
+            out.judged.append(j)
+            continue
+        final = calibrate_locally(ctx, stage_job, settings, found=calibration)
+        stages = [final if s.stage == "calibration" else s for s in j.report.stages]
+        mechanical = j.report.model_copy(
+            update={"stages": [s for s in stages if s.stage not in MODEL_STAGES]}
+        )
+        report = combine(mechanical, [s for s in stages if s.stage in MODEL_STAGES])
+        out.judged.append(
+            dataclasses.replace(j, report=report, reward=reward_of(report, gamma, settings))
+        )
+        print(f"{out.mode}{out.note} #{j.index}: {out.judged[-1].outcome}", flush=True)
+    out.seconds = row.seconds + time.perf_counter() - started
+    return out
 
 
 def run_mode(
@@ -266,7 +309,7 @@ def table(rows: list[Row]) -> list[str]:
         n = len(row.judged)
         admitted = sum(j.outcome == "admitted" for j in row.judged)
         per100 = 100 * admitted / n if n else 0.0
-        if row.mode == "topic":
+        if row.mode == "topic" and not row.search:
             baseline[row.temperature] = per100
         base = baseline.get(row.temperature)
         ratio = f"{per100 / base:.2f}x" if base else "–"
@@ -304,7 +347,7 @@ def funnel(rows: list[Row]) -> list[str]:
     for row in rows:
         counts = Counter(j.outcome for j in row.judged)
         cells = " | ".join(str(counts[o]) for o in OUTCOMES)
-        lines.append(f"| {row.mode} | {row.temperature:g} | {cells} |")
+        lines.append(f"| {row.mode}{row.note} | {row.temperature:g} | {cells} |")
     return lines
 
 
@@ -331,6 +374,13 @@ def arguments() -> argparse.Namespace:
         dest="topics",
         action="store_false",
         help="topic mode asks for any new task instead of one drawn from proposal_prompt.TOPICS",
+    )
+    parser.add_argument(
+        "--calibration-search",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also each mode with the calibration search at K levels (a row '+search K')",
     )
     parser.add_argument("--weights", type=Path, default=None, help="a checkpoint (or model) folder")
     parser.add_argument("--url", default=None, help="a running server (default: start one)")
@@ -375,6 +425,8 @@ def main() -> None:
                 if asked:
                     run_mode(ctx, client, row, asked, args, gamma)
                 rows.append(row)
+                if args.calibration_search:
+                    rows.append(with_search(ctx, row, args.calibration_search, gamma))
     model = args.url or (str(args.weights) if args.weights else base.model)
     print(
         f"\nmodel: {model}; proposals per mode: {args.n}; examples per prompt: {k}; "

@@ -208,14 +208,7 @@ def run_locally(
     ctx: WorkerContext, job: ValidateJob, mechanical: ValidationReport, wanted: list[str]
 ) -> ValidationReport:
     """The model stages in this process, one after the other (`evoenv validate --all`)."""
-    from evoenv_worker.model_stages import (
-        calibration_complete,
-        calibration_next,
-        calibration_sample,
-        calibration_stage,
-        novelty_stage,
-        review_stage,
-    )
+    from evoenv_worker.model_stages import novelty_stage, review_stage
     from shared.errors import EvoEnvError
 
     stage_job = stage_job_for(ctx, job)
@@ -227,13 +220,7 @@ def run_locally(
             if stage == "review":
                 reports.append(review_stage(ctx.reviewer(), stage_job, ctx.settings))
             elif stage == "calibration":
-                calibration: StageJob | None = stage_job
-                while calibration is not None:  # the search's levels, then the deciding one
-                    sampled = calibration_sample(ctx.sandbox(), calibration)
-                    answered = calibration_complete(ctx.inference(), sampled, ctx.settings)
-                    found = calibration_stage(ctx.sandbox(), answered, ctx.settings)
-                    calibration, found = calibration_next(calibration, found, ctx.settings)
-                reports.append(found)
+                reports.append(calibrate_locally(ctx, stage_job, ctx.settings))
             elif stage == "novelty":
                 reports.append(novelty_stage(ctx, stage_job))
         except EvoEnvError as exc:
@@ -247,6 +234,30 @@ def run_locally(
                 )
             )
     return combine(mechanical, reports)
+
+
+def calibrate_locally(
+    ctx: WorkerContext, job: StageJob, settings: Settings, found: StageReport | None = None
+) -> StageReport:
+    """Calibration in this process, the calibration search's levels included (`settings`);
+    `found`: the calibration difficulty's report, when that calibration already ran."""
+    from evoenv_worker.model_stages import (
+        calibration_complete,
+        calibration_next,
+        calibration_sample,
+        calibration_stage,
+    )
+
+    following: StageJob | None = job
+    if found is not None:
+        following, found = calibration_next(job, found, settings)
+    while following is not None:
+        sampled = calibration_sample(ctx.sandbox(), following)
+        answered = calibration_complete(ctx.inference(), sampled, settings)
+        found = calibration_stage(ctx.sandbox(), answered, settings)
+        following, found = calibration_next(following, found, settings)
+    assert found is not None
+    return found
 
 
 def conclude_job(ctx: WorkerContext, job: ValidateJob, report: ValidationReport) -> Concluded:

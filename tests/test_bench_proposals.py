@@ -114,3 +114,18 @@ def test_weights_name_a_model_folder_a_checkpoint_or_a_folder_of_them(tmp_path: 
         bench.checkpoint_model(lora)
     with pytest.raises(UsageError, match="neither a model folder nor a checkpoint"):
         bench.checkpoint_model(tmp_path / "empty")
+
+
+def test_a_search_row_is_compared_with_topic_and_never_becomes_the_baseline() -> None:
+    topic = bench.Row("topic", 0.7, [judged(0, None, 2.1, 0.4), judged(1, "calibration", 1.2)])
+    searched = bench.Row(
+        "topic", 0.7, [judged(0, None, 2.1, 0.4), judged(1, None, 2.0)], note=" +search 2", search=2
+    )
+    mutation = bench.Row("mutation", 0.7, [judged(0, None, 2.1), judged(1, "L2", -0.9)])
+    _, _, *lines = bench.table([topic, searched, mutation])
+    ratios = [[c.strip() for c in line.strip("|").split("|")][5] for line in lines]
+    assert ratios == ["1.00x", "2.00x", "1.00x"]
+    assert lines[1].startswith("| topic +search 2 |")
+    assert "| topic +search 2 | 0.7 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 2 |" in bench.funnel(
+        [searched]
+    )
