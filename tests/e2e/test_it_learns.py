@@ -90,7 +90,10 @@ from e2e_support import Cluster, evoenv
 from shared.db import Archive
 from shared.environment import EVAL_SEEDS
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1500)]
+TIMEOUT = int(os.environ.get("IT_LEARNS_TIMEOUT", "1500"))
+"""Seconds the test may take; `IT_LEARNS_TIMEOUT` gives an untuned environment with longer
+prompts and answers more (bench/it_learns_untuned.py)."""
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(TIMEOUT)]
 
 ENV = os.environ.get("IT_LEARNS_ENV", "copy_word")
 """The environment trained and measured. `IT_LEARNS_ENV` (a seed's name) and
