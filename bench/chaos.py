@@ -95,6 +95,27 @@ def child_pid(logs: Path, name: str) -> int | None:
     return command_pid(reapers[-1]) if reapers else None
 
 
+def stream_group_ids(logs: Path) -> set[str]:
+    """Group ids of the entries still in the run's rollout stream (read or not), from the Redis
+    the learner last started on."""
+    import redis
+
+    from shared import keys
+    from shared.rollouts import decode_entry
+
+    started = [e for e in read_events(logs) if e.get("event") == "learner_started"]
+    url = started[-1]["settings"]["redis_url"]
+    client = redis.Redis.from_url(url, socket_timeout=10)
+    ids = set()
+    try:
+        for _entry, fields in client.xrange(keys.rollout_stream("default")):
+            with contextlib.suppress(Exception):
+                ids.add(decode_entry(fields).group_id)
+    finally:
+        client.close()
+    return ids
+
+
 def folder_bytes(folder: Path) -> int:
     total = 0
     for path in folder.rglob("*"):
@@ -189,23 +210,6 @@ class Chaos:
             "data_bytes": folder_bytes(self.data),
         }
 
-    def stream_groups(self) -> set[str]:
-        """Group ids of the entries still in the run's rollout stream (read or not)."""
-        import redis
-
-        from shared import keys
-        from shared.rollouts import decode_entry
-
-        started = [e for e in read_events(self.logs) if e.get("event") == "learner_started"]
-        url = started[-1]["settings"]["redis_url"]
-        client = redis.Redis.from_url(url, socket_timeout=10)
-        ids = set()
-        for _entry, fields in client.xrange(keys.rollout_stream("default")):
-            with contextlib.suppress(Exception):
-                ids.add(decode_entry(fields).group_id)
-        client.close()
-        return ids
-
     def run(self) -> int:
         self.prepare()
         minutes = self.args.minutes
@@ -243,7 +247,7 @@ class Chaos:
             in_stream: set[str] = set()
             if not exited_early:
                 try:
-                    in_stream = self.stream_groups()
+                    in_stream = stream_group_ids(self.logs)
                 except Exception as exc:  # noqa: BLE001 (said; losses then count unread groups)
                     print(f"chaos: could not read the stream: {exc}", flush=True)
             proc.send_signal(signal.SIGINT)

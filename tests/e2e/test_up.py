@@ -1,13 +1,9 @@
 """`evoenv up` on a clean data folder, stopped with Ctrl-C: every component starts, at least
-three optimiser steps run, a generator group is trained (its step's metrics row has a generator
-reward), the policy version advances, the report is written, and nothing is left running. In the
-same run the learner is killed with SIGKILL once a checkpoint exists (as the kernel's
-out-of-memory killer would): the supervisor says so in one line and restarts it from that
-checkpoint, which takes the next step; and once a generator group is trained, the vLLM server and
-the grading worker are killed with SIGKILL: the supervisor restarts both, the learner pushes its
-weights to the restarted server, and the run goes on. Default settings (those `up` applies on a
-CPU), except where `UP_ENV` says why. (One run for all of it: on two cores, a quarter of an hour
-with AMX, twenty minutes without.) A second test kills `up` itself and finds nothing left."""
+three optimiser steps run, a generator group is trained, the policy version advances, the
+report is written, nothing is left running, and through one fault of each kind (the short
+version of `bench/chaos.py`: see `_watch`) no graded group is lost or trained twice into the
+kept weights. Default settings, except where `UP_ENV` says why. A second test kills `up`
+itself and finds nothing left."""
 
 from __future__ import annotations
 
@@ -17,7 +13,9 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -26,11 +24,19 @@ from matplotlib import image
 
 from evoenv_cli.supervisor import command_pid, descendants
 from shared.db import Archive
+from shared.hardware import cpu_flags, native_bf16
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "evoenv"
+sys.path.insert(0, str(REPO / "bench"))
+import chaos  # noqa: E402  (the chaos bench's own reading of a run: lost and twice)
+
+HOSTILE = REPO / "tests" / "corpus" / "hostile" / "kill_everyone.py"
+STOPPED = 45.0
+"""Seconds the validation worker is held with SIGSTOP (under the visibility timeout: a worker
+stopped past it, its jobs delivered again, is `tests/workers/test_queue_redelivery.py`)."""
 
 
 def events(log: Path) -> list[dict[str, object]]:
@@ -72,7 +78,10 @@ UP_ENV = {
     # kill within the three steps the run waits for anyway.
     "EVOENV_LEARNER__CHECKPOINT_EVERY": "2",
 }
-DEADLINE = 17 * 60
+DEADLINE = (19 if native_bf16(cpu_flags()) else 30) * 60
+"""Seconds the run may take to reach everything `_watch` waits for: on two cores, 13 minutes
+with native bfloat16 (AMX or AVX512-BF16), about 25 without (float32: steps 3-7 minutes
+apart)."""
 """Seconds the run may take to reach everything `_watch` waits for."""
 
 
@@ -100,56 +109,121 @@ def _run_events(data_dir: Path) -> list[dict[str, object]]:
     return [e for path in sorted(logs.glob("*.log")) for e in events(path)]
 
 
+@dataclass
+class Watched:
+    """What `_watch` saw and did."""
+
+    ever: set[int] = field(default_factory=set)
+    """Every descendant of `up` seen."""
+    killed: dict[str, int] = field(default_factory=dict)
+    """Child name -> the pid hit (SIGKILL; SIGSTOP for worker-validation)."""
+    missing: list[str] = field(default_factory=list)
+    """What was still missing at the deadline (empty when everything came)."""
+    hostile: subprocess.CompletedProcess[str] | None = None
+    in_stream: set[str] = field(default_factory=set)
+    """Group ids still in the rollout stream just before the Ctrl-C."""
+    stopped_at: float = 0.0
+
+
 def _watch(
     proc: subprocess.Popen[bytes], data_dir: Path, beside: list[subprocess.CompletedProcess[str]]
-) -> tuple[set[int], dict[str, int], list[str]]:
-    """Follow `up`, recording every descendant. Once the first step is logged, run `evoenv
-    status` beside it (into `beside`); once a checkpoint is written, SIGKILL the learner; once
-    a generator group is trained, SIGKILL the vLLM server and the grading worker (each its
-    command's process group: the kill then cuts off no proposal the claim waits for). The two
-    go on side by side: a generator group takes most of the run. Once three steps are logged,
-    a generator group was trained, a push reached the restarted server and the restarted
-    learner took a step, stop `up` as Ctrl-C does (SIGINT). Returns
-    the descendants, the killed children's pids, and what was still missing when the deadline
-    came (empty when everything came)."""
-    ever: set[int] = set()
-    killed: dict[str, int] = {}
+) -> Watched:
+    """Follow `up`, recording every descendant, and inject one fault of each kind of
+    `bench/chaos.py`:
+
+    - at the first step: `evoenv status` runs beside `up` (into `beside`); Flower SIGKILLed;
+      Redis SIGKILLed (restarted on its append-only file, the learner waits for it);
+    - once Redis is back: the validation worker held with SIGSTOP for `STOPPED` seconds, while
+      a hostile file is submitted as an ad-hoc job (`evoenv validate --queue`) it must judge;
+    - once a checkpoint is written: the learner SIGKILLed (as the kernel's out-of-memory killer
+      would);
+    - once a generator group is trained: the vLLM server and the grading worker SIGKILLed
+      (each its command's process group: no proposal the claim waits for is cut off).
+
+    Once three steps are logged, a generator group was trained, a push reached the restarted
+    server, a step came after Redis's return and after the learner's, Flower is back and the
+    hostile file judged, the stream is read and `up` stopped as Ctrl-C does."""
+    w = Watched(missing=["the first step"])
     deadline = time.monotonic() + DEADLINE
-    missing = ["the first step"]
+    hostile: subprocess.Popen[str] | None = None
     while proc.poll() is None and time.monotonic() < deadline:
-        ever |= descendants(proc.pid)
+        w.ever |= descendants(proc.pid)
         seen = _run_events(data_dir)
         steps = [e for e in seen if e.get("event") == "train_step"]
-        if steps and not beside:
-            beside.append(_status_beside(data_dir))
         reapers = {
             str(e["child"]): int(str(e["pid"])) for e in seen if e.get("event") == "child_started"
         }
-        if _generator_trained(steps) and "vllm" not in killed:
+
+        if steps and not beside:
+            beside.append(_status_beside(data_dir))
+            _hit(w, reapers, "flower", signal.SIGKILL)
+            _hit(w, reapers, "redis", signal.SIGKILL, group=False)
+        redis_back = any(
+            e.get("event") == "child_restarted" and e.get("child") == "redis" for e in seen
+        )
+        if redis_back and "worker-validation" not in w.killed:
+            _hit(w, reapers, "worker-validation", signal.SIGSTOP)
+            w.stopped_at = time.monotonic()
+            hostile = subprocess.Popen(
+                evoenv("validate", "--queue", "--json", str(HOSTILE)),
+                env=up_env(data_dir),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        if w.stopped_at and time.monotonic() > w.stopped_at + STOPPED:
+            os.killpg(w.killed["worker-validation"], signal.SIGCONT)
+            w.stopped_at = 0.0
+        if hostile is not None and hostile.poll() is not None:
+            out, err = hostile.communicate()
+            w.hostile = subprocess.CompletedProcess(hostile.args, hostile.returncode, out, err)
+            hostile = None
+        if _generator_trained(steps) and "vllm" not in w.killed:
             for name in ("vllm", "worker-grading"):
-                pid = command_pid(reapers[name])
-                assert pid is not None, f"{name} is not running"
-                os.killpg(pid, signal.SIGKILL)
-                killed[name] = pid
-        if "learner" not in killed and "learner" in reapers:
-            learner = command_pid(reapers["learner"])
+                _hit(w, reapers, name, signal.SIGKILL)
+        if "learner" not in w.killed and "learner" in reapers:
             checkpoints = data_dir / "runs" / "default" / "checkpoints"
-            if learner is not None and any(checkpoints.glob("step-*")):
-                os.kill(learner, signal.SIGKILL)
-                killed["learner"] = learner
-        missing = _missing(seen)
-        if not missing:
+            if command_pid(reapers["learner"]) is not None and any(checkpoints.glob("step-*")):
+                _hit(w, reapers, "learner", signal.SIGKILL, group=False)
+        w.missing = _missing(seen, w)
+        if not w.missing:
+            w.in_stream = chaos.stream_group_ids(data_dir / "runs" / "default" / "logs")
             os.kill(proc.pid, signal.SIGINT)
             break
         time.sleep(2)
+    if w.stopped_at:
+        os.killpg(w.killed["worker-validation"], signal.SIGCONT)
+    if hostile is not None:
+        hostile.kill()
+        hostile.wait()
     end = time.monotonic() + 180
     while proc.poll() is None and time.monotonic() < end:
-        ever |= descendants(proc.pid)
+        w.ever |= descendants(proc.pid)
         time.sleep(1)
-    return ever, killed, missing
+    return w
 
 
-def _missing(seen: list[dict[str, object]]) -> list[str]:
+def _hit(
+    w: Watched, reapers: dict[str, int], name: str, sig: signal.Signals, group: bool = True
+) -> None:
+    """Send `sig` to child `name`'s command (its process group unless `group` is False)."""
+    pid = command_pid(reapers[name])
+    assert pid is not None, f"{name} is not running"
+    (os.killpg if group else os.kill)(pid, sig)
+    w.killed[name] = pid
+
+
+def _step_after_restart(seen: list[dict[str, object]], child: str) -> bool:
+    """Whether a step was logged after `child`'s first restart."""
+    back = [e for e in seen if e.get("event") == "child_restarted" and e.get("child") == child]
+    return bool(back) and any(
+        str(e["timestamp"]) > str(back[0]["timestamp"])
+        for e in seen
+        if e.get("event") == "train_step"
+    )
+
+
+def _missing(seen: list[dict[str, object]], w: Watched) -> list[str]:
     """What `_watch` still waits for, in words."""
     steps = [e for e in seen if e.get("event") == "train_step"]
     missing = []
@@ -164,9 +238,14 @@ def _missing(seen: list[dict[str, object]]) -> list[str]:
         if e.get("event") == "weights_published"
     ):
         missing.append("a push to the restarted server")
-    again = [e for e in seen if e.get("event") == "child_restarted" and e.get("child") == "learner"]
-    if not again or not any(str(e["timestamp"]) > str(again[0]["timestamp"]) for e in steps):
+    if not _step_after_restart(seen, "learner"):
         missing.append("a step of the restarted learner")
+    if not _step_after_restart(seen, "redis"):
+        missing.append("a step after Redis came back")
+    if not any(e.get("event") == "child_restarted" and e.get("child") == "flower" for e in seen):
+        missing.append("Flower restarted")
+    if w.hostile is None:
+        missing.append("the hostile file judged")
     return missing
 
 
@@ -193,7 +272,8 @@ def test_up_trains_both_roles_survives_kills_and_leaves_nothing(
         )
     beside: list[subprocess.CompletedProcess[str]] = []
     try:
-        ever, killed, missing = _watch(proc, data_dir, beside)
+        w = _watch(proc, data_dir, beside)
+        snapshot_at = time.time()
     finally:
         if proc.poll() is None:  # the test failed or was interrupted: take everything down
             for pid in descendants(proc.pid):
@@ -201,8 +281,8 @@ def test_up_trains_both_roles_survives_kills_and_leaves_nothing(
                     os.kill(pid, signal.SIGKILL)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(60)  # reaped here, not by a later test's garbage collection
-    assert not missing, (
-        f"after {DEADLINE // 60} min, still waiting for: {', '.join(missing)}\n" + _tail(log)
+    assert not w.missing, (
+        f"after {DEADLINE // 60} min, still waiting for: {', '.join(w.missing)}\n" + _tail(log)
     )
     text = log.read_text(errors="replace")
     assert proc.returncode == 0, text[-5000:]
@@ -218,11 +298,28 @@ def test_up_trains_both_roles_survives_kills_and_leaves_nothing(
         "flower",
     } <= started
     assert "learner_started" in names
-    assert set(killed) == {"vllm", "worker-grading", "learner"}, killed
+    assert set(w.killed) == {
+        "flower", "worker-validation", "learner", "redis", "vllm", "worker-grading"
+    }, w.killed  # fmt: skip
     restarted = sorted(str(e.get("child")) for e in seen if e.get("event") == "child_restarted")
-    # once each: a killed server that left its engine behind (holding the port) made every
-    # restart fail until the orphan went away
-    assert restarted == ["learner", "vllm", "worker-grading"]
+    # once each (a killed server that left its engine behind, holding the port, made every
+    # restart fail until the orphan went away); the stopped worker was not restarted, and no
+    # worker stopped itself when Redis went away
+    assert restarted == ["flower", "learner", "redis", "vllm", "worker-grading"]
+    # the hostile file was judged by the worker that had been stopped, and rejected
+    assert w.hostile is not None and w.hostile.returncode == 1, w.hostile
+    judged = json.loads(w.hostile.stdout.strip().splitlines()[-1])
+    assert judged["verdict"] == "rejected", judged
+    # Through all of it, no graded group was lost or trained twice into the kept weights (the
+    # chaos bench's own reading of the logs)
+    found = chaos.analyse(
+        chaos.read_events(data_dir / "runs" / "default" / "logs"),
+        [],
+        w.in_stream,
+        snapshot_at,
+        data_dir,
+    )
+    assert found["graded"] > 0 and not found["lost"] and not found["twice"], found
     # the learner's death said in one line, on up's output, and the servers resumed
     assert "learner was killed by SIGKILL; restart 1 of 3" in text, text[-3000:]
     assert "learner_died" in names
@@ -281,7 +378,7 @@ def test_up_trains_both_roles_survives_kills_and_leaves_nothing(
     assert "Peak memory" in (report / "report.md").read_text()
     assert any(row.values.get("reward_mean_generator") is not None for row in rows)
     time.sleep(2)
-    alive = {pid for pid in ever if Path(f"/proc/{pid}").exists()}
+    alive = {pid for pid in w.ever if Path(f"/proc/{pid}").exists()}
     assert not alive, f"processes left behind: {sorted(alive)}"
 
 
