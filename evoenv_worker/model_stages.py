@@ -135,15 +135,7 @@ def calibration_stage(sandbox: Sandbox, job: StageJob, settings: Settings) -> St
         elif grade.reward == 1.0:
             passes += 1
     m = len(job.completions)
-    rate = passes / m if m else 0.0
-    data = {
-        "pass_rate": rate,
-        "passes": passes,
-        "instances": m,
-        "difficulty": job.difficulty,
-        "env_errors": errors,
-        "quality": round(quality(rate, settings.admission), 6),
-    }
+    data = _figures(passes, m, job.difficulty, errors, settings)
     seconds = round(time.perf_counter() - started, 3)
     if errors:
         return StageReport(
@@ -166,6 +158,21 @@ def calibration_stage(sandbox: Sandbox, job: StageJob, settings: Settings) -> St
         data=data,
         detail=f"pass rate {passes}/{m} at difficulty {job.difficulty}: {verdict}",
     )
+
+
+def _figures(
+    passes: int, m: int, difficulty: int, errors: int, settings: Settings
+) -> dict[str, Any]:
+    """A calibration report's data: a, its counts, the level and Q."""
+    rate = passes / m if m else 0.0
+    return {
+        "pass_rate": rate,
+        "passes": passes,
+        "instances": m,
+        "difficulty": difficulty,
+        "env_errors": errors,
+        "quality": round(quality(rate, settings.admission), 6),
+    }
 
 
 def calibration_seeds(settings: Settings, job_id: str, sha: str, salt: str = "") -> list[int]:
@@ -245,21 +252,13 @@ def _first(probes: list[CalibrationProbe], settings: Settings) -> StageReport:
     """The calibration difficulty's report, after a search that found no level inside (0, 1)
     (or whose fresh calibration there did not confirm it)."""
     first = probes[0]
-    rate = first.passes / first.instances
     verdict = "always solved: too easy" if first.passes == first.instances else "never solved"
+    data = _figures(first.passes, first.instances, first.difficulty, 0, settings)
     return StageReport(
         stage="calibration",
         ok=False,
         seconds=0.0,  # type: ignore[arg-type]
-        data={
-            "pass_rate": rate,
-            "passes": first.passes,
-            "instances": first.instances,
-            "difficulty": first.difficulty,
-            "env_errors": 0,
-            "quality": round(quality(rate, settings.admission), 6),
-            "search": [p.model_dump() for p in probes[1:]],
-        },
+        data={**data, "search": [p.model_dump() for p in probes[1:]]},
         detail=(
             f"pass rate {first.passes}/{first.instances} at difficulty {first.difficulty}: "
             f"{verdict}; no level inside (0, 1) after the search: {_levels(probes[1:])}"
