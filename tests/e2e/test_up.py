@@ -82,7 +82,6 @@ DEADLINE = (19 if native_bf16(cpu_flags()) else 30) * 60
 """Seconds the run may take to reach everything `_watch` waits for: on two cores, 13 minutes
 with native bfloat16 (AMX or AVX512-BF16), about 25 without (float32: steps 3-7 minutes
 apart)."""
-"""Seconds the run may take to reach everything `_watch` waits for."""
 
 
 def _tail(log: Path, chars: int = 8000) -> str:
@@ -92,15 +91,22 @@ def _tail(log: Path, chars: int = 8000) -> str:
     return "\n".join(line for line in lines if '"event": "memory"' not in line)[-chars:]
 
 
-def _status_beside(data_dir: Path) -> subprocess.CompletedProcess[str]:
-    """`evoenv status --json` as from a second terminal: the same data folder, no Redis set."""
+def run_evoenv(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`evoenv ARGS` as from a second terminal: the same data folder, no Redis set."""
     return subprocess.run(
-        evoenv("status", "--json"),
-        env=up_env(data_dir),
-        capture_output=True,
-        text=True,
-        timeout=120,
+        evoenv(*args), env=up_env(data_dir), capture_output=True, text=True, timeout=120
     )
+
+
+def _status_beside(data_dir: Path) -> subprocess.CompletedProcess[str]:
+    return run_evoenv(data_dir, "status", "--json")
+
+
+def _submit(data_dir: Path, path: Path) -> str:
+    """The job id of `path` submitted as an ad-hoc job (`validate --queue --no-wait`)."""
+    done = run_evoenv(data_dir, "validate", "--queue", "--no-wait", str(path))
+    assert done.returncode == 0, done
+    return done.stdout.split()[0]
 
 
 def _run_events(data_dir: Path) -> list[dict[str, object]]:
@@ -119,7 +125,10 @@ class Watched:
     """Child name -> the pid hit (SIGKILL; SIGSTOP for worker-validation)."""
     missing: list[str] = field(default_factory=list)
     """What was still missing at the deadline (empty when everything came)."""
+    hostile_job: str = ""
+    """The id of the hostile file's ad-hoc job."""
     hostile: subprocess.CompletedProcess[str] | None = None
+    """`evoenv job ID --json` once it gave the report (or failed)."""
     in_stream: set[str] = field(default_factory=set)
     """Group ids still in the rollout stream just before the Ctrl-C."""
     stopped_at: float = 0.0
@@ -133,8 +142,9 @@ def _watch(
 
     - at the first step: `evoenv status` runs beside `up` (into `beside`); Flower SIGKILLed;
       Redis SIGKILLed (restarted on its append-only file, the learner waits for it);
-    - once Redis is back: the validation worker held with SIGSTOP for `STOPPED` seconds, while
-      a hostile file is submitted as an ad-hoc job (`evoenv validate --queue`) it must judge;
+    - once Redis is back: a hostile file submitted as an ad-hoc job (`evoenv validate --queue
+      --no-wait`), then the validation worker held with SIGSTOP for `STOPPED` seconds; the job's
+      report (`evoenv job ID`) must come once it resumes;
     - once a checkpoint is written: the learner SIGKILLed (as the kernel's out-of-memory killer
       would);
     - once a generator group is trained: the vLLM server and the grading worker SIGKILLed
@@ -145,7 +155,7 @@ def _watch(
     hostile file judged, the stream is read and `up` stopped as Ctrl-C does."""
     w = Watched(missing=["the first step"])
     deadline = time.monotonic() + DEADLINE
-    hostile: subprocess.Popen[str] | None = None
+    asked = 0.0
     while proc.poll() is None and time.monotonic() < deadline:
         w.ever |= descendants(proc.pid)
         seen = _run_events(data_dir)
@@ -162,22 +172,19 @@ def _watch(
             e.get("event") == "child_restarted" and e.get("child") == "redis" for e in seen
         )
         if redis_back and "worker-validation" not in w.killed:
+            # submitted while the worker answers (`validate --queue` refuses a queue no live
+            # worker consumes), then the worker is stopped with the job queued or in hand
+            w.hostile_job = _submit(data_dir, HOSTILE)
             _hit(w, reapers, "worker-validation", signal.SIGSTOP)
             w.stopped_at = time.monotonic()
-            hostile = subprocess.Popen(
-                evoenv("validate", "--queue", "--json", str(HOSTILE)),
-                env=up_env(data_dir),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
         if w.stopped_at and time.monotonic() > w.stopped_at + STOPPED:
             os.killpg(w.killed["worker-validation"], signal.SIGCONT)
             w.stopped_at = 0.0
-        if hostile is not None and hostile.poll() is not None:
-            out, err = hostile.communicate()
-            w.hostile = subprocess.CompletedProcess(hostile.args, hostile.returncode, out, err)
-            hostile = None
+        if w.hostile_job and not w.hostile and not w.stopped_at and time.monotonic() > asked:
+            asked = time.monotonic() + 15  # a CLI start costs seconds of a busy core
+            judged = run_evoenv(data_dir, "job", w.hostile_job, "--json")
+            if judged.returncode != 0 or judged.stdout.lstrip().startswith("{"):
+                w.hostile = judged
         if _generator_trained(steps) and "vllm" not in w.killed:
             for name in ("vllm", "worker-grading"):
                 _hit(w, reapers, name, signal.SIGKILL)
@@ -193,9 +200,6 @@ def _watch(
         time.sleep(2)
     if w.stopped_at:
         os.killpg(w.killed["worker-validation"], signal.SIGCONT)
-    if hostile is not None:
-        hostile.kill()
-        hostile.wait()
     end = time.monotonic() + 180
     while proc.poll() is None and time.monotonic() < end:
         w.ever |= descendants(proc.pid)
