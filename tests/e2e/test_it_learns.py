@@ -258,7 +258,7 @@ def test_greedy_pass_rate_rises_above_before_and_above_the_best_constant(
             env=learner_env(cluster, tmp_path / "run"),
             stdout=out,
             stderr=subprocess.STDOUT,
-            timeout=1200,
+            timeout=TIMEOUT - 300,  # the evaluations before and after take the rest
             check=False,
         )
     assert trained.returncode == 0, log.read_text()[-4000:]
