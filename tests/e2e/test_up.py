@@ -78,10 +78,11 @@ UP_ENV = {
     # kill within the three steps the run waits for anyway.
     "EVOENV_LEARNER__CHECKPOINT_EVERY": "2",
 }
-DEADLINE = (19 if native_bf16(cpu_flags()) else 30) * 60
-"""Seconds the run may take to reach everything `_watch` waits for: on two cores, 13 minutes
-with native bfloat16 (AMX or AVX512-BF16), about 25 without (float32: steps 3-7 minutes
-apart)."""
+DEADLINE = (25 if native_bf16(cpu_flags()) else 30) * 60
+"""Seconds the run may take to reach everything `_watch` waits for: on two cores, 13 to 20
+minutes with native bfloat16 (AMX or AVX512-BF16; the first step comes after 4 to 7, as the
+first solver groups happen to hold a right answer or not), about 25 without (float32: steps
+3-7 minutes apart)."""
 
 
 def _tail(log: Path, chars: int = 8000) -> str:
