@@ -7,6 +7,7 @@
 #   EVOENV_REDIS_URL, EVOENV_DATABASE_URL   the shared Redis and archive
 #   EVOENV_VLLM_URLS                        every vLLM server to push weights to
 #   EVOENV_MODEL, EVOENV_DATA_DIR, EVOENV_RUN
+#   EVOENV_STREAM_KEY                       checks the stream's entries: the workers' key
 #   EVOENV_GRPO__*, EVOENV_LEARNER__*       the objective, batch, staleness, checkpoints, pushes
 # One training device (GPU when present, else CPU). `--gpus N` (first argument) trains data
 # parallel on N GPUs of this host through torchrun: rank 0 is the learner, the other ranks

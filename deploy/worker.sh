@@ -8,6 +8,7 @@
 #   EVOENV_REDIS_URL        the broker (all workers, Flower and the learner share it)
 #   EVOENV_DATABASE_URL     the archive; empty: SQLite under EVOENV_DATA_DIR (one machine only)
 #   EVOENV_VLLM_URLS        the model servers, for the generation queue
+#   EVOENV_STREAM_KEY       signs the stream's entries: the learner's key (docs/deploy.md)
 #   EVOENV_WORKER__*        concurrency, time limits, visibility timeout, retries
 #   EVOENV_SANDBOX__*       limits of the sandbox that runs environment code
 # SIGTERM stops it warmly: running jobs finish, or go back to the queue.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import sys
 
 import typer
@@ -10,6 +11,7 @@ from typer.exceptions import TyperException
 
 from evoenv_cli import cluster, envs, pool, report, training, up
 from evoenv_cli import model as model_cli
+from evoenv_cli.terminal_text import plain
 from evoenv_worker import __version__
 from shared.config import Settings
 from shared.errors import UsageError
@@ -57,11 +59,15 @@ def root(
 
 
 def main() -> None:
-    """The console script: usage errors are one line on stderr and exit code 2."""
+    """The console script: usage errors are one line on stderr and exit code 2. Text that
+    cannot be written in the terminal's encoding is written as escapes, never an error."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
     try:
         code = app(standalone_mode=False)
     except UsageError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(f"error: {plain(exc)}", err=True)
         sys.exit(2)
     except typer.Abort:
         typer.echo("aborted", err=True)
@@ -73,6 +79,6 @@ def main() -> None:
             sys.exit(0)
         where = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
         message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
-        typer.echo(f"error: {message}{where}", err=True)
+        typer.echo(f"error: {plain(message)}{where}", err=True)
         sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)

@@ -21,6 +21,7 @@ from evoenv_cli.envs import (
     out,
     print_report,
 )
+from evoenv_cli.terminal_text import plain
 from shared import keys
 from shared.config import Settings
 from shared.errors import ServiceUnavailable, UsageError
@@ -86,6 +87,7 @@ def worker(
             f"unknown queue(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(keys.QUEUES)}"
         )
     redis_or_exit(settings).close()
+    _say_stream_key(settings)
     io_only = wanted == [keys.GENERATION_QUEUE]
     pool = pool or ("threads" if io_only else "prefork")
     if concurrency is None:
@@ -114,20 +116,40 @@ def worker(
     )
 
 
+def _say_stream_key(settings: Settings) -> None:
+    """Get the key the worker signs its stream entries with (a key that cannot be had stops it
+    here, not at its first group) and name it: the learner's start line names its own."""
+    from shared.stream_key import KEY_FILE, key_id, stream_key
+
+    key = stream_key(settings)
+    where = (
+        "EVOENV_STREAM_KEY"
+        if settings.stream_key.get_secret_value()
+        else str(settings.data_dir / KEY_FILE)
+    )
+    err.print(f"stream key {key_id(key)} ({where})", markup=False)
+
+
 def flower(ctx: typer.Context) -> None:
     """Start Flower on the queues (address, port and basic auth from EVOENV_FLOWER__*)."""
     settings: Settings = ctx.obj
+    refuse_open_flower(settings)
     redis_or_exit(settings).close()
     app = _app(settings)
     argv = ["flower", f"--address={settings.flower.address}", f"--port={settings.flower.port}"]
     if settings.flower.basic_auth:
         argv.append(f"--basic-auth={settings.flower.basic_auth}")
-    elif not is_loopback(settings.flower.address):
+    out.print(f"Flower on http://{settings.flower.address}:{settings.flower.port}", markup=False)
+    app.start(argv=argv)
+
+
+def refuse_open_flower(settings: Settings) -> None:
+    """A `UsageError` where Flower would listen beyond loopback without basic auth (`evoenv
+    flower`, and `evoenv up` before it starts anything)."""
+    if not settings.flower.basic_auth and not is_loopback(settings.flower.address):
         raise UsageError(
             "Flower would face the network without a password: set EVOENV_FLOWER__BASIC_AUTH"
         )
-    out.print(f"Flower on http://{settings.flower.address}:{settings.flower.port}", markup=False)
-    app.start(argv=argv)
 
 
 def queue_depths(client: Any) -> dict[str, int]:
@@ -193,7 +215,8 @@ def status(
     out.print(table)
     for letter in letters:
         out.print(
-            f"  dead: {letter.task} {letter.task_id} after {letter.attempts} deliveries: {letter.error}",
+            f"  dead: {letter.task} {letter.task_id} after {letter.attempts} deliveries: "
+            f"{plain(letter.error)}",
             markup=False,
         )
 
@@ -215,7 +238,7 @@ def job(
         out.print(json.dumps(report.public()), markup=False) if as_json else print_report(report)
         raise typer.Exit(exit_code([report]))
     if result.state == "FAILURE":
-        err.print(f"job {job_id} failed: {result.result}", markup=False)
+        err.print(f"job {plain(job_id)} failed: {plain(result.result)}", markup=False)
         raise typer.Exit(EXIT_ERROR)
     state = {"PENDING": "queued (or unknown id)"}.get(result.state, result.state.lower())
     out.print(f"job {job_id}: {state}", markup=False)
@@ -252,7 +275,7 @@ def validate_on_queue(
         validate_task.apply_async(args=[payload], task_id=job_id)
         pending[job_id] = path
         if not wait:
-            out.print(f"{job_id}  {path}", markup=False)
+            out.print(f"{job_id}  {plain(path)}", markup=False)
     if not wait:
         return []
     return _wait(app, client, settings, pending, as_json)

@@ -13,8 +13,10 @@ import structlog
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from evoenv_cli.source_file import read_source, source_text
+from evoenv_cli.terminal_text import cell, plain
 from evoenv_worker.sandbox.host import Sandbox
 from shared.config import Settings
 from shared.environment import build_prompt
@@ -77,7 +79,7 @@ def _sandbox_or_exit(settings: Settings) -> Sandbox:
     try:
         sandbox.start()
     except SandboxUnavailable as exc:
-        err.print(f"error: {exc}")
+        err.print(f"error: {plain(exc)}", markup=False)
         raise typer.Exit(EXIT_ERROR) from exc
     return sandbox
 
@@ -98,7 +100,8 @@ def seeds(
     rows = []
     with _sandbox_or_exit(settings) as sandbox:
         for path in seed_files(settings):
-            rows.append({"file": str(path), **_describe(sandbox, path, path.read_text("utf-8"))})
+            source = source_text(path, path.read_bytes(), settings.validation.max_source_bytes)
+            rows.append({"file": str(path), **_describe(sandbox, path, source)})
     if as_json:
         for row in rows:
             out.print(json.dumps(row), markup=False)
@@ -108,10 +111,10 @@ def seeds(
         table.add_column(column)
     for row in rows:
         table.add_row(
-            row["name"],
-            row["oracle"],
-            f"{row['min_difficulty']}-{row['max_difficulty']}",
-            row["description"],
+            cell(row["name"]),
+            cell(row["oracle"]),
+            cell(f"{row['min_difficulty']}-{row['max_difficulty']}"),
+            cell(row["description"]),
         )
     out.print(table)
 
@@ -140,7 +143,9 @@ def sample(
         (result,) = sandbox.run(source, [op], filename=path.name)
     if not result.ok:
         err.print(
-            f"error: {meta['name']} failed at seed {seed}, difficulty {level}: {result.reason}"
+            f"error: {plain(meta['name'])} failed at seed {seed}, difficulty {level}: "
+            f"{plain(result.reason)}",
+            markup=False,
         )
         raise typer.Exit(1)
     value = result.value
@@ -157,11 +162,11 @@ def sample(
     if as_json:
         out.print(json.dumps(record), markup=False)
         return
-    out.rule(f"{meta['name']}  seed {seed}  difficulty {level}")
-    out.print(record["prompt"], markup=False)
+    out.rule(Text(f"{plain(meta['name'])}  seed {seed}  difficulty {level}"))
+    out.print(plain(record["prompt"], lines=True), markup=False)
     out.rule("reference")
     out.print(json.dumps(value["reference"]), markup=False)
-    out.print(f"answer text: {value['answer_text']}", markup=False)
+    out.print(f"answer text: {plain(value['answer_text'])}", markup=False)
 
 
 def validate(
@@ -280,7 +285,7 @@ def _progress(path: Path) -> Any:
 
     def step(stage: str) -> None:
         done.append(stage)
-        err.file.write(f"\r\033[K{path}: {' '.join(done)} ...")
+        err.file.write(f"\r\033[K{plain(path)}: {' '.join(done)} ...")
         err.file.flush()
 
     return step
@@ -294,19 +299,21 @@ def print_report(report: ValidationReport) -> None:
     ]
     where = f" at {report.failed_stage}" if report.failed_stage else ""
     out.print(
-        f"[{style}]{report.verdict.upper()}{where}[/]  {report.file}  "
-        f"({report.name or 'unnamed'}, {seconds:.2f} s)"
+        Text.assemble(
+            (f"{report.verdict.upper()}{where}", style),
+            f"  {plain(report.file)}  ({plain(report.name or 'unnamed')}, {seconds:.2f} s)",
+        )
     )
     if not report.isolated:
         out.print(
             "  [bold yellow]WARNING: the sandbox ran unconfined: this code was NOT isolated[/]"
         )
     if report.error:
-        out.print(f"  error: {report.error}", markup=False)
+        out.print(f"  error: {plain(report.error)}", markup=False)
     for stage in report.stages:
         mark = "[green]ok  [/]" if stage.ok else "[red]FAIL[/]"
         out.print(f"  {stage.stage:<11} {mark} {stage.seconds:6.2f} s  ", end="")
-        out.print(stage.detail, markup=False)
+        out.print(plain(stage.detail), markup=False)
         if stage.trigger is not None and not stage.ok:
             trigger = stage.trigger.model_dump(exclude_none=True)
             out.print(f"{'':23}triggered by {json.dumps(trigger)}", markup=False)

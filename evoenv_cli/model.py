@@ -9,7 +9,6 @@ from types import FrameType
 import typer
 
 from shared.config import Settings
-from shared.ports import is_loopback
 
 app = typer.Typer(help="The policy's weights: prepare the embedded model.", no_args_is_help=True)
 
@@ -52,21 +51,19 @@ def serve(
     port: int | None = typer.Option(None, "--port", "-p", help="Port (EVOENV_SERVE__PORT)."),
     host: str | None = typer.Option(None, "--host", help="Address (EVOENV_SERVE__HOST)."),
 ) -> None:
-    """Start vLLM's OpenAI-compatible server on the configured model, until stopped."""
+    """Start vLLM's OpenAI-compatible server on the configured model, until stopped.
+
+    Any address but loopback needs EVOENV_SERVE__API_KEY: every route but /health then asks
+    for it as a bearer token."""
     from evoenv_model.models import prepare_model
-    from evoenv_model.serve import dtype_choice, on_gpu, start_server
+    from evoenv_model.serve import dtype_choice, on_gpu, refuse_open_door, start_server
 
     settings: Settings = ctx.obj
     updates = {k: v for k, v in {"port": port, "host": host}.items() if v is not None}
     if updates:
         serve_settings = settings.serve.model_copy(update=updates)
         settings = settings.model_copy(update={"serve": serve_settings})
-    if not is_loopback(settings.serve.host):
-        typer.echo(
-            f"warning: binding {settings.serve.host}: anyone who can reach this port can "
-            "replace the model's weights (development endpoints are on)",
-            err=True,
-        )
+    refuse_open_door(settings)  # before the model is prepared: minutes on a first start
     folder = prepare_model(settings)
     server = start_server(settings, folder)
 

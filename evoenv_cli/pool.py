@@ -11,6 +11,7 @@ from rich.table import Table
 
 from evoenv_cli.envs import err, exit_code, out, print_report
 from evoenv_cli.source_file import read_source
+from evoenv_cli.terminal_text import cell, plain
 from shared.config import Settings, mask_url
 from shared.errors import UsageError
 
@@ -69,7 +70,7 @@ def list_pool(
     for r in rows:
         s = _summary(r)
         table.add_row(
-            s["name"],
+            cell(s["name"]),
             s["status"],
             s["origin"],
             str(s["serving_difficulty"] or "-"),
@@ -245,4 +246,4 @@ def retire(ctx: typer.Context, name: str = typer.Argument(..., help="Environment
     archive = _archive(settings)
     row = _find(archive, name)
     Pool(archive, settings.pool).retire(row.sha, "retired by hand")
-    out.print(f"{name} retired", markup=False)
+    out.print(f"{plain(name)} retired", markup=False)

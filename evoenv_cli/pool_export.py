@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from evoenv_cli.envs import EXIT_ERROR, err, out
+from evoenv_cli.terminal_text import plain
 from shared import environment as base_module
 from shared.errors import SandboxUnavailable, UsageError
 
@@ -180,7 +181,7 @@ def export_pool(settings: Settings, archive: Archive, request: ExportRequest) ->
             else:
                 lines = _write_jsonl(sandbox, rows, records, request)
                 written = f"{lines} instances of {len(records)} environments"
-    out.print(f"{written} written to {request.folder}", markup=False)
+    out.print(f"{written} written to {plain(request.folder)}", markup=False)
 
 
 def _sandbox(settings: Settings) -> Sandbox:
@@ -231,7 +232,9 @@ def _describe(
     for row in rows:
         (result,) = sandbox.run(row.source, [{"op": "describe"}], filename=f"{row.name}.py")
         if not result.ok:
-            err.print(f"skipped {row.name}: it cannot be loaded ({result.reason})", markup=False)
+            err.print(
+                f"skipped {row.name}: it cannot be loaded ({plain(result.reason)})", markup=False
+            )
             continue
         lo, hi = result.value["min_difficulty"], result.value["max_difficulty"]
         level, source = default_difficulty(row, lo, hi)
@@ -377,7 +380,9 @@ def _instances(
 
 def _failure_note(name: str, level: int) -> Callable[[int, str], None]:
     def note(seed: int, reason: str) -> None:
-        err.print(f"{name}: left out seed {seed}, difficulty {level}: {reason}", markup=False)
+        err.print(
+            f"{name}: left out seed {seed}, difficulty {level}: {plain(reason)}", markup=False
+        )
 
     return note
 

@@ -4,12 +4,11 @@ app; `serve` checks the address and credentials, binds, and runs it under uvicor
 
 from __future__ import annotations
 
-import base64
-import binascii
-import secrets
+import re
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -18,35 +17,42 @@ import jinja2
 import structlog
 from fastapi import FastAPI, Query, Request, Response
 from fastapi.exceptions import HTTPException, RequestValidationError, StarletteHTTPException
-from fastapi.responses import HTMLResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse
 from markupsafe import Markup
 from pydantic import SecretStr
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import PythonLexer
+from starlette.concurrency import run_in_threadpool
 
 from evoenv_cli import pool_web_data as data
-from evoenv_cli.pool_web_sample import Sampler, truncate
+from evoenv_cli.pool_web_guard import Guard, credentials
+from evoenv_cli.pool_web_sample import Described, Sample, Sampler, truncate
 from shared.config import Settings, mask_url
-from shared.db import ENV_STATUSES, Archive
+from shared.db import ENV_STATUSES, Archive, EnvironmentRow
 from shared.errors import SandboxFailure, SandboxUnavailable, UsageError
 from shared.ports import is_loopback
 
 log = structlog.get_logger(__name__)
 
-SECURITY_HEADERS = {
-    "Content-Security-Policy": (
-        "default-src 'none'; style-src 'self'; form-action 'self'; "
-        "frame-ancestors 'none'; base-uri 'none'"
-    ),
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
-}
-"""Sent with every response: no script runs, nothing loads from elsewhere, no page embeds it."""
-REALM = 'Basic realm="evoenv pool", charset="UTF-8"'
+FAILED = "this page failed; the server's log says why."
 TEMPLATES = "templates/pool"
 MAX_SEED = 2**62
+UNENCODABLE = re.compile("[\ud800-\udfff]")
+"""What no UTF-8 text can carry: lone surrogates (code points of a UTF-16 pair)."""
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """The sample section of an environment's page: the description and the instance (None:
+    not computed for this page), the seed and difficulty its form offers, or why the sandbox
+    could not run."""
+
+    described: Described | None
+    sample: Sample | None
+    seed: int
+    level: int | None
+    error: str = ""
 
 
 class PoolSite:
@@ -69,11 +75,14 @@ class PoolSite:
         self.stylesheet = css + "\n" + self.formatter.get_style_defs(".highlight")
 
     def page(self, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+        """The template `name` rendered; any text UTF-8 cannot carry is replaced (U+FFFD)."""
         html = self.templates.get_template(name).render(statuses=ENV_STATUSES, **context)
-        return HTMLResponse(html, status_code=status_code)
+        return HTMLResponse(UNENCODABLE.sub("\ufffd", html), status_code=status_code)
 
     def error(self, status_code: int, message: str) -> HTMLResponse:
-        title = {400: "bad request", 404: "not found"}.get(status_code, f"error {status_code}")
+        title = {400: "bad request", 404: "not found", 500: "server error"}.get(
+            status_code, f"error {status_code}"
+        )
         return self.page("error.html", status_code, title=title, message=message)
 
     def pool(self, status: str | None) -> HTMLResponse:
@@ -82,28 +91,41 @@ class PoolSite:
         rows, counts = data.pool_rows(self.archive, status)
         return self.page("pool.html", rows=rows, counts=counts, status=status)
 
-    def environment(self, key: str, seed: int, difficulty: int | None) -> HTMLResponse:
+    def find(self, key: str) -> EnvironmentRow:
         row = data.find_environment(self.archive, key)
         if row is None:
             raise HTTPException(404, f"no environment {key!r} in the archive")
+        return row
+
+    async def sampled(
+        self, row: EnvironmentRow, seed: int | None, difficulty: int | None
+    ) -> Sampled:
+        """With a seed, the description and the instance of `row`, computed (or cached); else
+        the description if cached, and nothing computed: a page without a seed never waits on
+        the sandbox."""
         preferred = row.stats.serving_difficulty or row.stats.calibration_difficulty
-        described = sample = None
-        sandbox_error = ""
+        if seed is None:
+            described = self.sampler.described(row.sha)
+            wanted = difficulty if difficulty is not None else preferred
+            level = described.clamp(difficulty, preferred) if described else wanted
+            return Sampled(described, None, 0, level)
         try:
-            described = self.sampler.describe(row.sha, row.source)
+            described = await self.sampler.describe(row.sha, row.source)
             level = described.clamp(difficulty, preferred)
+            sample = None
             if not described.error and level is not None:
-                sample = self.sampler.sample(row.sha, row.source, seed, level)
+                sample = await self.sampler.sample(row.sha, row.source, seed, level)
         except (SandboxUnavailable, SandboxFailure) as exc:
-            sandbox_error = f"the sandbox could not run: {exc}"
+            return Sampled(None, None, seed, difficulty, f"the sandbox could not run: {exc}")
+        return Sampled(described, sample, seed, level)
+
+    def environment(self, row: EnvironmentRow, sampled: Sampled) -> HTMLResponse:
         return self.page(
             "env.html",
             row=row,
             summary=data.pool_row(row),
             source=Markup(highlight(row.source, PythonLexer(), self.formatter)),
-            described=described,
-            sample=sample,
-            sandbox_error=sandbox_error,
+            sampled=sampled,
             isolated=self.sampler.isolated,
             reports=data.reports_of(self.archive, row.sha),
             lineage=data.lineage(self.archive, row),
@@ -129,7 +151,9 @@ class PoolSite:
 
 def create_app(settings: Settings) -> FastAPI:
     """The web app over `settings.archive_url` (GET only). With `pool_web.user` set, every
-    request needs those basic-auth credentials; every response gets `SECURITY_HEADERS`."""
+    request needs those basic-auth credentials; every response gets `SECURITY_HEADERS`, and a
+    page that fails is a 500 page (see `Guard`). The pages that sample wait on the sampler's
+    own pool; the others run on the server's threads and never wait on a sample."""
     site = PoolSite(settings)
 
     @asynccontextmanager
@@ -142,7 +166,8 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.sampler = site.sampler
     web = settings.pool_web
-    _guard(app, _credentials(web.user, web.password) if web.user else None)
+    expected = credentials(web.user, web.password) if web.user else None
+    app.add_middleware(Guard, credentials=expected, failed=lambda: site.error(500, FAILED))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> HTMLResponse:
@@ -163,12 +188,14 @@ def create_app(settings: Settings) -> FastAPI:
         return site.pool(status)
 
     @app.get("/env/{key}", response_class=HTMLResponse)
-    def environment_page(
+    async def environment_page(
         key: str,
-        seed: int = Query(0, ge=0, le=MAX_SEED),
+        seed: int | None = Query(None, ge=0, le=MAX_SEED),
         difficulty: int | None = Query(None, ge=-MAX_SEED, le=MAX_SEED),
     ) -> HTMLResponse:
-        return site.environment(key, seed, difficulty)
+        row = await run_in_threadpool(site.find, key)
+        sampled = await site.sampled(row, seed, difficulty)
+        return await run_in_threadpool(site.environment, row, sampled)
 
     @app.get("/funnel", response_class=HTMLResponse)
     def funnel_page(stage: str | None = None) -> HTMLResponse:
@@ -179,44 +206,6 @@ def create_app(settings: Settings) -> FastAPI:
         return site.report(job_id)
 
     return app
-
-
-def _guard(app: FastAPI, credentials: tuple[bytes, bytes] | None) -> None:
-    """Answer 401 to a request without `credentials` (when set); add the security headers to
-    every response, that one included."""
-
-    @app.middleware("http")
-    async def guard(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        if credentials is not None and not _authorised(request, credentials):
-            response: Response = PlainTextResponse(
-                "authentication required\n", 401, headers={"WWW-Authenticate": REALM}
-            )
-        else:
-            response = await call_next(request)
-        response.headers.update(SECURITY_HEADERS)
-        return response
-
-
-def _credentials(user: str, password: SecretStr) -> tuple[bytes, bytes]:
-    return user.encode("utf-8"), password.get_secret_value().encode("utf-8")
-
-
-def _authorised(request: Request, expected: tuple[bytes, bytes]) -> bool:
-    """Whether the request carries the expected basic-auth user and password: both compared in
-    constant time, whatever the first comparison gave."""
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "basic":
-        return False
-    try:
-        decoded = base64.b64decode(token.strip(), validate=True)
-    except (binascii.Error, ValueError):
-        return False
-    user, sep, password = decoded.partition(b":")
-    same_user = secrets.compare_digest(user, expected[0])
-    same_password = secrets.compare_digest(password, expected[1])
-    return bool(sep) and same_user and same_password
 
 
 # ------------------------------------------------------------------------------- the command

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from evoenv_cli.envs import err, out
+from evoenv_cli.terminal_text import plain
 from shared.config import Settings
 
 
@@ -32,10 +33,10 @@ def report(
     archive = Archive(settings.archive_url)
     files = write_report(archive, name, folder or run_dir / "report", run_dir=run_dir)
     if not archive.metrics(name):
-        others = ", ".join(recorded_runs(archive)) or "none"
+        others = plain(", ".join(recorded_runs(archive))) or "none"
         err.print(
             f"note: no metrics recorded for run {name!r} yet (runs in the archive: {others})",
             markup=False,
         )
     for path in files.paths:
-        out.print(str(path), markup=False)
+        out.print(plain(path), markup=False)

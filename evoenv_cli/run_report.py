@@ -615,6 +615,15 @@ def headline(data: RunData) -> list[tuple[str, str]]:
     rows.append(
         ("environments admitted in the archive", f"{len(data.admitted)} ({now} still in the pool)")
     )
+    if any("forged_dropped" in row.values for row in train):
+        rows.append(
+            (
+                "stream entries dropped: not signed by a worker / a reward out of range",
+                f"{counter_total(train, 'forged_dropped')} / "
+                f"{counter_total(train, 'out_of_range_dropped')}",
+            )
+        )
+    rows += dishonest_rows(data)
     if pool := data.series("pool"):
         rows.append(("pool size at the last step", str(int(pool[max(pool)]))))
     if push := data.series("push_seconds"):
@@ -637,6 +646,43 @@ def headline(data: RunData) -> list[tuple[str, str]]:
     return rows
 
 
+def dishonest_rows(data: RunData) -> list[tuple[str, str]]:
+    """The headline's row of environments quarantined as dishonest and the groups of
+    quarantined environments the learner dropped untrained (none when none was)."""
+    dishonest = quarantined_dishonest(data.admitted)
+    dropped = counter_total(data.train, "quarantined_dropped")
+    if not dishonest and not dropped:
+        return []
+    what = (
+        "environments quarantined as dishonest (a hidden probe or a re-score disagreed) / "
+        "groups of quarantined environments dropped untrained"
+    )
+    return [(what, f"{len(dishonest)} / {dropped}")]
+
+
+def quarantined_dishonest(rows: Sequence[EnvironmentRow]) -> list[EnvironmentRow]:
+    """The environments of `rows` quarantined because their scorer disagreed with itself in
+    training (a hidden probe or a re-score: `Pool.record_dishonest`)."""
+    return [
+        row
+        for row in rows
+        if row.status == "quarantined"
+        and row.stats.quarantine is not None
+        and row.stats.quarantine.reason.startswith("dishonest")
+    ]
+
+
+def counter_total(train: Sequence[MetricRow], key: str) -> int:
+    """A learner's counter over the whole run: it restarts from 0 with each learner process, so
+    a value below the one before starts a new count (as the funnel counters do)."""
+    total = last = 0
+    for row in train:
+        value = int(_number(row.values.get(key)) or 0)
+        total += value - last if value >= last else value
+        last = value
+    return total
+
+
 def _eval_text(row: MetricRow, kind: str = "") -> str:
     """An evaluation's pass rate (`kind` "lenient_": its lenient one) with its interval."""
     rate = _number(row.values.get(f"{kind}pass_rate")) or 0.0
@@ -652,7 +698,7 @@ def render_markdown(
     lines = [f"# Run report: {data.run}", "", f"Written {stamp} from the archive `{source}`.", ""]
     lines += ["## Headline numbers", "", "| metric | value |", "| --- | --- |"]
     lines += [f"| {what} | {value} |" for what, value in headline(data)]
-    lines += ["", "## Admission funnel", "", *funnel_table(data.train)]
+    lines += ["", "## Admission funnel", "", *funnel_table(data.train, data.admitted)]
     lines += ["", f"## The generator, per {GENERATOR_STEPS} steps", ""]
     lines += [*generator_table(data.train), "", "## Generation groups", ""]
     lines += [*groups_table(data.generations), "", "## Figures", ""]
@@ -677,15 +723,29 @@ def render_markdown(
     return "\n".join(lines) + "\n"
 
 
-def funnel_table(train: Sequence[MetricRow]) -> list[str]:
-    """Where each generated candidate stopped, totals over the run, as Markdown lines."""
+def funnel_table(train: Sequence[MetricRow], admitted: Sequence[EnvironmentRow] = ()) -> list[str]:
+    """Where each generated candidate stopped, totals over the run, as Markdown lines; then
+    the admitted environments quarantined since, as dishonest, each with what was seen."""
     totals = funnel_totals(train)
     candidates = sum(totals.values())
-    if not candidates:
-        return ["No generated candidate judged yet."]
-    lines = ["Where each generated candidate stopped (totals over the run).", ""]
-    lines += ["| stage | candidates | share |", "| --- | ---: | ---: |"]
-    return lines + [f"| {s} | {n} | {100 * n / candidates:.1f} % |" for s, n in totals.items()]
+    lines = ["No generated candidate judged yet."]
+    if candidates:
+        lines = ["Where each generated candidate stopped (totals over the run).", ""]
+        lines += ["| stage | candidates | share |", "| --- | ---: | ---: |"]
+        lines += [f"| {s} | {n} | {100 * n / candidates:.1f} % |" for s, n in totals.items()]
+    if dishonest := quarantined_dishonest(admitted):
+        lines += [
+            "",
+            f"Admitted, then quarantined as dishonest in training: {len(dishonest)} (its "
+            "scorer disagreed with itself on a graded group; those groups and every later one "
+            "of it were dropped untrained).",
+            "",
+        ]
+        for row in dishonest:
+            quarantine = row.stats.quarantine
+            why = quarantine.reason.removeprefix("dishonest: ") if quarantine else ""
+            lines.append(f"- `{row.name}` ({row.sha[:12]}): {why}")
+    return lines
 
 
 def generator_table(train: Sequence[MetricRow]) -> list[str]:

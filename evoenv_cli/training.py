@@ -17,6 +17,7 @@ from rich.text import Text
 
 from evoenv_cli.envs import out
 from evoenv_cli.learner_state import state_path, write_state
+from evoenv_cli.terminal_text import cell, plain
 from shared.config import Settings
 
 
@@ -278,10 +279,12 @@ def _held_out_table(result: dict[str, Any]) -> Table:
     for name, env in result["environments"].items():
         constant = env.get("best_constant")
         table.add_row(
-            name,
+            cell(name),
             _rate(env),
             _rate(env, "lenient_"),
-            Text(f"{_quoted(constant['answer'])} ({constant['score']:.2f})") if constant else "-",
+            Text(plain(f"{_quoted(constant['answer'])} ({constant['score']:.2f})"))
+            if constant
+            else "-",
         )
     table.add_row("all", _rate(result), _rate(result, "lenient_"))
     return table

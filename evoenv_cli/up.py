@@ -18,6 +18,7 @@ from collections.abc import Coroutine
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import structlog
 import typer
@@ -31,8 +32,9 @@ from evoenv_cli.up_display import Display, progress_lines
 from evoenv_cli.up_record import remove_record, write_record
 from shared import keys
 from shared.config import Settings
-from shared.errors import EvoEnvError
-from shared.ports import free_port, listening
+from shared.errors import EvoEnvError, UsageError
+from shared.ports import free_port, is_loopback, listening
+from shared.secret_file import secret_in
 
 log = structlog.get_logger(__name__)
 
@@ -49,6 +51,8 @@ def up(
     started = time.monotonic()
     settings: Settings = ctx.obj
     from evoenv_model.serve import dtype_choice, on_gpu
+
+    refuse_open_doors(settings)
 
     applied = apply_cpu_sizes()
     if applied:
@@ -153,6 +157,37 @@ def core_split() -> tuple[frozenset[int], frozenset[int]] | None:
     return frozenset(cores[:half]), frozenset(cores[half:])
 
 
+def refuse_open_doors(settings: Settings) -> None:
+    """A `UsageError`, before anything starts, where a server `up` would start listens beyond
+    loopback without credentials that only the user can give: the vLLM server without
+    `serve.api_key`, Flower without basic auth. (Its Redis gets a password: `redis_password`.)"""
+    from evoenv_cli.cluster import refuse_open_flower
+    from evoenv_model.serve import refuse_open_door
+
+    if "EVOENV_VLLM_URLS" not in os.environ:
+        refuse_open_door(settings)
+    refuse_open_flower(settings)
+
+
+REDIS_PASSWORD_FILE = "redis-password"
+"""The file under DATA_DIR where `up` keeps the password it generated for its Redis."""
+
+
+def redis_password(settings: Settings) -> tuple[str, Path | None]:
+    """The password of the Redis `up` starts, and the file it is in when `up` generated it:
+    `redis_password` when set; else, where `redis_bind` is not loopback, the one in
+    DATA_DIR/redis-password (generated there, readable by this user only, the first time, and
+    kept for the next runs, so that other hosts' settings stay valid); else none."""
+    given = settings.redis_password.get_secret_value()
+    if given or is_loopback(settings.redis_bind):
+        return given, None
+    path = settings.data_dir / REDIS_PASSWORD_FILE
+    password = secret_in(path)
+    if not password:
+        raise UsageError(f"{path} is empty: remove it (a new password is made) or fill it")
+    return password, path
+
+
 def _evoenv(*args: str) -> list[str]:
     return [sys.executable, "-c", "from evoenv_cli import main; main()", *args]
 
@@ -183,12 +218,16 @@ async def _run_up(
     then stop every child and write the report, whatever happened; the final step, version and
     report path."""
     from shared.logging import add_log_file
+    from shared.stream_key import stream_key
 
     run_dir = settings.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     logs = run_dir / "logs"
     add_log_file(logs / "up.log")
     env = dict(os.environ)
+    # one key for the children to sign and check the stream's entries with, DATA_DIR/stream.key
+    # written if unset and missing (`shared/stream_key.py`)
+    env["EVOENV_STREAM_KEY"] = stream_key(settings).decode()
     every_core = frozenset(os.sched_getaffinity(0))
     # Taking turns (the default without a GPU), vLLM and the learner each use every core in
     # turn; otherwise each keeps its own half.
@@ -290,7 +329,7 @@ def _add_services(
     own_env: dict[str, dict[str, str]] = {}
     updates: dict[str, Any] = {}
     if "EVOENV_REDIS_URL" not in os.environ:
-        updates["redis_url"] = _add_redis(supervisor, env, settings.run_dir, logs)
+        updates["redis_url"] = _add_redis(settings, supervisor, env, logs)
     if "EVOENV_VLLM_URLS" not in os.environ:
         updates["vllm_urls"] = [_add_vllm(settings, supervisor, env, logs)]
         if split is not None and "VLLM_CPU_OMP_THREADS_BIND" not in env:
@@ -309,36 +348,53 @@ def _add_services(
     return settings
 
 
-def _add_redis(supervisor: Supervisor, env: dict[str, str], run_dir: Path, logs: Path) -> str:
-    """Add a private Redis on a free port, append-only, its data in RUN/redis; its URL. Every
-    write reaches the disk before it is answered (`appendfsync always`): a Redis killed outright
-    loses no acknowledged job or group, for about 0.4 ms a write (docs/DESIGN.md)."""
+def _add_redis(settings: Settings, supervisor: Supervisor, env: dict[str, str], logs: Path) -> str:
+    """Add a private Redis on a free port (`redis_child`) to `supervisor`; its URL."""
+    child, url = redis_child(settings, env, logs)
+    supervisor.add(child)
+    return url
+
+
+def redis_child(settings: Settings, env: dict[str, str], logs: Path) -> tuple[Child, str]:
+    """A private Redis on a free port, append-only, its data in RUN/redis, and its URL (for
+    the children: on 127.0.0.1). Every write reaches the disk before it is answered
+    (`appendfsync always`): a Redis killed outright loses no acknowledged job or group, for
+    about 0.4 ms a write (docs/DESIGN.md). It listens on `redis_bind` (and 127.0.0.1), with
+    `redis_password`'s password, if any, in a configuration file of this user's only (a
+    command line is anyone's to read); the URL carries it."""
     redis_port = free_port()
-    (run_dir / "redis").mkdir(exist_ok=True)
-    supervisor.add(
-        Child(
-            "redis",
-            [
-                "redis-server",
-                "--port",
-                str(redis_port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                str(run_dir / "redis"),
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-                "--save",
-                "",
-            ],
-            env,
-            logs / "redis.log",
-            ready=lambda: listening(redis_port),
+    folder = settings.run_dir / "redis"
+    folder.mkdir(parents=True, exist_ok=True)
+    bind = settings.redis_bind
+    addresses = ["127.0.0.1"] if is_loopback(bind) else ["127.0.0.1", bind]
+    if bind == "0.0.0.0":  # every IPv4 address, 127.0.0.1 among them
+        addresses = [bind]
+    password, generated = redis_password(settings)
+    config: list[str] = []
+    if password:
+        conf = folder / "auth.conf"
+        conf.unlink(missing_ok=True)
+        with os.fdopen(os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            quoted = password.replace("\\", "\\\\").replace('"', '\\"')
+            f.write(f'requirepass "{quoted}"\n')
+        config = [str(conf)]
+    if generated is not None:
+        _say(
+            f"Redis listens on {bind}:{redis_port} with the password in {generated} (other "
+            f"hosts: EVOENV_REDIS_URL=redis://:PASSWORD@THIS-HOST:{redis_port}/0)"
         )
-    )
-    return f"redis://127.0.0.1:{redis_port}/0"
+    argv = [
+        "redis-server", *config,
+        "--port", str(redis_port),
+        "--bind", *addresses,
+        "--dir", str(folder),
+        "--appendonly", "yes",
+        "--appendfsync", "always",
+        "--save", "",
+    ]  # fmt: skip
+    child = Child("redis", argv, env, logs / "redis.log", ready=lambda: listening(redis_port))
+    auth = f":{quote(password, safe='')}@" if password else ""
+    return child, f"redis://{auth}127.0.0.1:{redis_port}/0"
 
 
 def _add_vllm(settings: Settings, supervisor: Supervisor, env: dict[str, str], logs: Path) -> str:
@@ -472,10 +528,12 @@ def _learner_died(settings: Settings, reason: str) -> None:
     import redis
 
     from shared import pauses
+    from shared.inference import bearer
 
+    headers = bearer(settings.serve.api_key.get_secret_value())
     for url in settings.vllm_urls:
         try:
-            httpx.post(f"{url.rstrip('/')}/resume", timeout=10.0)
+            httpx.post(f"{url.rstrip('/')}/resume", timeout=10.0, headers=headers)
         except httpx.HTTPError as exc:
             log.warning("resume_after_learner_failed", server=url, error=str(exc))
     with contextlib.suppress(redis.RedisError):

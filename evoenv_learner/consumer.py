@@ -23,7 +23,7 @@ from shared.messages import (
     GeneratorGroupData,
     GradedGroup,
 )
-from shared.rollouts import decode_entry, written_version
+from shared.rollouts import EntryCheck, decode_entry, written_version
 
 log = structlog.get_logger(__name__)
 
@@ -39,6 +39,10 @@ class ConsumerStats:
     """Entries of a message schema version this learner does not read."""
     duplicates: int = 0
     reclaimed: int = 0
+    forged: int = 0
+    """Entries with no valid signature: not written by a worker holding the key, or altered."""
+    out_of_range: int = 0
+    """Signed entries with a reward outside its role's range."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +52,7 @@ class Dropped:
     group_id: str
     role: str
     why: str
-    """`stale`, `malformed` or `unreadable` (another message schema version)."""
+    """`stale`, `malformed`, `unreadable` (another message schema version) or `out_of_range`."""
     funnel: tuple[str, ...] = ()
     """A generation group's admission outcomes, one per candidate (they happened)."""
 
@@ -80,14 +84,21 @@ class RolloutConsumer:
       learner does not read: `shared/messages.py`) is dropped with one log line that says why
       and names the versions, and acknowledged with the next checkpoint like any other: never
       a crash, never read again;
-    - a dropped group (stale, or unreadable but naming its group) is handed to the learner by
-      `take_dropped`, so that the slot it held in the orchestrator is freed.
+    - an entry without a valid signature (`check.forged`: written by anyone but a worker with
+      the key, or altered since) is dropped, counted (`stats.forged`) and logged before it is
+      read at all, and frees no slot: nothing it says is believed; a signed one with a reward
+      outside its role's range (`check.out_of_range`) is dropped and counted too
+      (`stats.out_of_range`); both are acknowledged with the next checkpoint;
+    - a dropped group (stale, out of range, or unreadable but naming its group) is handed to
+      the learner by `take_dropped`, so that the slot it held in the orchestrator is freed.
     """
 
     client: aioredis.Redis
     run: str
     consumer: str
     max_staleness: int
+    check: EntryCheck
+    """The signature and reward ranges every entry is checked against."""
     claim_idle_ms: int = 60_000
     stats: ConsumerStats = field(default_factory=ConsumerStats)
     _unacked: list[str] = field(default_factory=list)
@@ -182,6 +193,36 @@ class RolloutConsumer:
     def _decode(
         self, entry_id: str, fields: dict[bytes, bytes], current_version: int
     ) -> GradedGroup | None:
+        group = self._checked(entry_id, fields)
+        if group is None:
+            return None
+        if current_version - group.policy_version > self.max_staleness:
+            self.stats.stale += 1
+            self._dropped.append(Dropped(group.group_id, group.role, "stale", _funnel(group)))
+            log.info(
+                "rollout_stale",
+                entry=entry_id,
+                group=group.group_id,
+                version=group.policy_version,
+                current=current_version,
+            )
+            return None
+        self.stats.read += 1
+        return group
+
+    def _checked(self, entry_id: str, fields: dict[bytes, bytes]) -> GradedGroup | None:
+        """The entry's group if it is signed, readable and its rewards in range; else None,
+        the entry dropped, counted and logged."""
+        forged = self.check.forged(self.stream, fields)
+        if forged is not None:
+            self.stats.forged += 1
+            log.error(
+                "rollout_forged",
+                entry=entry_id,
+                error=f"dropped: {forged}",
+                count=self.stats.forged,
+            )
+            return None
         try:
             group = decode_entry(fields)
         except SchemaMismatch as exc:
@@ -200,20 +241,21 @@ class RolloutConsumer:
             )
             self._drop_named(fields, "malformed")
             return None
-        if current_version - group.policy_version > self.max_staleness:
-            self.stats.stale += 1
-            data = group.data
-            funnel = tuple(data.funnel) if isinstance(data, GeneratorGroupData) else ()
-            self._dropped.append(Dropped(group.group_id, group.role, "stale", funnel))
-            log.info(
-                "rollout_stale",
+        wrong = self.check.out_of_range(group)
+        if wrong is not None:
+            self.stats.out_of_range += 1
+            self._dropped.append(
+                Dropped(group.group_id, group.role, "out_of_range", _funnel(group))
+            )
+            log.error(
+                "rollout_out_of_range",
                 entry=entry_id,
                 group=group.group_id,
-                version=group.policy_version,
-                current=current_version,
+                role=group.role,
+                error=f"dropped: {wrong}",
+                count=self.stats.out_of_range,
             )
             return None
-        self.stats.read += 1
         return group
 
     def _drop_named(self, fields: dict[bytes, bytes], why: str) -> None:
@@ -275,6 +317,11 @@ class RolloutConsumer:
                 lag = info.get("lag")
                 return int(lag) if lag is not None else 0
         return 0
+
+
+def _funnel(group: GradedGroup) -> tuple[str, ...]:
+    """A generation group's admission outcomes (they happened, whatever becomes of it)."""
+    return tuple(group.data.funnel) if isinstance(group.data, GeneratorGroupData) else ()
 
 
 def _named(fields: dict[bytes, bytes]) -> tuple[str, str] | None:

@@ -1,12 +1,13 @@
 """The group intake: each group read from the stream, or dropped where read, settled with the
-orchestrator (its slot, its level, the funnel) and the pool (its gradings), and whether it goes
-to the trainer (`settle_read`: True, or False when skipped); staleness checked again at the
-step that would use a group (`split_stale`)."""
+orchestrator (its slot, its level, the funnel) and the pool (its gradings, a quarantine), and
+whether it goes to the trainer (`settle_read`: True, or False when skipped or dropped);
+staleness and quarantine checked again at the step that would use a group (`split_stale`,
+`split_quarantined`)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import structlog
@@ -33,7 +34,10 @@ async def settle_read(
 ) -> bool:
     """Settle a group read from the stream with the orchestrator (its slot, its level, the
     funnel); True if it goes to the trainer, False if it is skipped (over the prompt budget,
-    or no reward variance: nothing to learn from)."""
+    or no reward variance: nothing to learn from) or dropped: a solver group the grader saw
+    its environment's scorer disagree with itself on (`dishonest`: the environment is
+    quarantined, `Pool.record_dishonest`), or one of a quarantined environment, is never
+    trained on (counted in `state.quarantined_dropped`)."""
     state.tokens += sum(len(c.token_ids) for c in group.completions)
     if isinstance(group.data, GeneratorGroupData):  # a generator group (its data says so)
         orchestrator.generation_done(group.group_id)
@@ -41,6 +45,21 @@ async def settle_read(
     elif group.data.over_budget:
         orchestrator.over_budget(group.env_sha, group.difficulty)
         orchestrator.solver_settled(group.group_id, trained=False)
+        return False
+    elif group.data.dishonest or pool.quarantined(group.env_sha):
+        why = group.data.dishonest
+        if why is not None and group.env_sha in pool:
+            await asyncio.to_thread(pool.record_dishonest, group.env_sha, why)
+        orchestrator.solver_settled(group.group_id, trained=False)
+        state.quarantined_dropped += 1
+        log.warning(
+            "group_dropped_quarantined",
+            group=group.group_id,
+            env=group.env_name,
+            env_sha=group.env_sha,
+            dishonest=why,
+            count=state.quarantined_dropped,
+        )
         return False
     rewards = [c.reward for c in group.completions]
     trainable = group_advantages(rewards, group.role, settings.grpo) is not None
@@ -79,21 +98,49 @@ def split_stale(
 ) -> tuple[list[GradedGroup], list[GradedGroup]]:
     """The groups of `batch` a step at policy `version` may train on, and those sampled more
     than `max_staleness` versions before it (each logged with its version and the step's)."""
-    fresh, stale = [], []
+    return _split(
+        batch,
+        lambda g: version - g.policy_version > max_staleness,
+        "rollout_stale_at_step",
+        step=step,
+        step_version=version,
+    )
+
+
+def split_quarantined(
+    batch: Sequence[GradedGroup], pool: Pool, step: int
+) -> tuple[list[GradedGroup], list[GradedGroup]]:
+    """The groups of `batch` a step may train on, and those of an environment quarantined since
+    they were read (each logged with the step)."""
+    return _split(
+        batch,
+        lambda g: g.role == "solver" and pool.quarantined(g.env_sha),
+        "group_dropped_quarantined_at_step",
+        step=step,
+    )
+
+
+def _split(
+    batch: Sequence[GradedGroup], barred: Callable[[GradedGroup], bool], event: str, **fields: int
+) -> tuple[list[GradedGroup], list[GradedGroup]]:
+    """`batch` parted into the groups a step keeps and those `barred`, each of which is logged
+    as `event` with `fields`."""
+    kept, out = [], []
     for group in batch:
-        if version - group.policy_version > max_staleness:
-            stale.append(group)
+        if barred(group):
+            out.append(group)
             log.info(
-                "rollout_stale_at_step",
+                event,
                 group=group.group_id,
                 role=group.role,
+                env=group.env_name,
+                env_sha=group.env_sha,
                 version=group.policy_version,
-                step_version=version,
-                step=step,
+                **fields,
             )
         else:
-            fresh.append(group)
-    return fresh, stale
+            kept.append(group)
+    return kept, out
 
 
 def _count(funnel: dict[str, int], outcomes: Sequence[str]) -> None:

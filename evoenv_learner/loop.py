@@ -27,6 +27,7 @@ from evoenv_learner.distributed import DataParallel
 from evoenv_learner.held_out import evaluate
 from evoenv_learner.intake import settle_dropped as settle_dropped
 from evoenv_learner.intake import settle_read as settle_read
+from evoenv_learner.intake import split_quarantined as split_quarantined
 from evoenv_learner.intake import split_stale as split_stale
 from evoenv_learner.memory import (
     keep_heap_small,
@@ -45,6 +46,8 @@ from shared.errors import EvoEnvError, ServiceUnavailable
 from shared.messages import GradedGroup
 from shared.pauses import ServingClock
 from shared.policy import read_version
+from shared.rollouts import EntryCheck
+from shared.stream_key import key_id
 
 if TYPE_CHECKING:
     import redis
@@ -71,6 +74,9 @@ class LearnerState:
     """Groups dropped as stale, where read and at the step."""
     stale_at_step: int = 0
     """Of those, the ones that aged past `max_staleness` while queued for a step."""
+    quarantined_dropped: int = 0
+    """Solver groups never trained on because the grader saw their environment's scorer
+    disagree with itself, or their environment was quarantined: where read and at the step."""
     skipped_groups: int = 0
     funnel: dict[str, int] = field(default_factory=dict)
     last_metrics: dict[str, Any] = field(default_factory=dict)
@@ -153,12 +159,16 @@ async def run(
     as version max(checkpoint, Redis) + 1, so a version number is never reused.
 
     Every group the orchestrator sent frees its slot whatever becomes of it: read and trained,
-    skipped for no reward variance, dropped as stale or malformed where read (`intake.py`:
-    `settle_read`, `settle_dropped`); a chain or proposal that fails or is lost is the
-    orchestrator's to reap. Staleness (`learner.max_staleness`: versions between the policy
-    that sampled a completion and the step that trains on it) is checked where a group is read
-    and again at the step that would use it (`intake.split_stale`): a group that aged past it
-    while queued is dropped there, counted (`stale_at_step`) and logged.
+    skipped for no reward variance, dropped as stale, malformed or with a reward out of range
+    where read (`intake.py`: `settle_read`, `settle_dropped`); a chain or proposal that fails
+    or is lost is the orchestrator's to reap. Staleness (`learner.max_staleness`: versions
+    between the policy that sampled a completion and the step that trains on it) is checked
+    where a group is read and again at the step that would use it (`intake.split_stale`): a
+    group that aged past it while queued is dropped there, counted (`stale_at_step`) and
+    logged. A solver group the grader marked `dishonest` quarantines its environment, and no
+    group of a quarantined environment is trained on: dropped where read and at the step
+    (`intake.split_quarantined`), counted (`quarantined_dropped`) and logged. An entry
+    without a valid signature frees no slot (`consumer.RolloutConsumer`).
 
     `on_start` gets the learner's state once it runs (the model loaded, the checkpoint
     resumed); the loop updates that object in place from then on. `on_step` gets it after
@@ -189,6 +199,7 @@ async def run(
         model=str(learner.model_path),
         step=state.step,
         version=state.version,
+        stream_key_id=key_id(learner.consumer.check.key),
         settings=settings.masked(),
     )
     if on_start is not None:
@@ -240,6 +251,7 @@ async def build(
     jobs.configure(settings)
     run_dir = settings.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
+    check = EntryCheck.of(settings)  # the stream key: a missing one is an error before the model
     archive = Archive(settings.archive_url)
     await asyncio.to_thread(seed_pool, archive, settings.seeds_dir)
     pool = Pool(archive, settings.pool)
@@ -265,7 +277,9 @@ async def build(
     if take_turns is None:  # on a CPU, generation and training share the cores
         take_turns = next(trainer.model.parameters()).device.type == "cpu"
     extra = await _resume(settings, trainer, publisher, sync_redis, state) if resume else {}
-    consumer = RolloutConsumer(client, settings.run, "learner", settings.learner.max_staleness)
+    consumer = RolloutConsumer(
+        client, settings.run, "learner", settings.learner.max_staleness, check
+    )
     await consumer.start(list(extra.get("unacked", [])), held=list(extra.get("held", [])))
     rng = random.Random(extra.get("orchestrator_seed", time.time_ns()))
     orchestrator = Orchestrator(
@@ -509,18 +523,20 @@ class Learner:
 
     async def _one_step(self, batch: list[GradedGroup]) -> dict[str, Any] | None:
         """A step on `batch`, then a push when due; the step's metrics. None when no step was
-        taken: the batch had stale groups (its fresh ones wait, topped up, for the next try),
-        or the trainer took none. `StepInterrupted` when a stop abandoned it."""
+        taken: the batch had stale groups or groups of an environment quarantined since they were
+        read (the others wait, topped up, for the next try), or the trainer took none. `StepInterrupted` when a stop abandoned it."""
         state = self.state
         async with self.weights:  # no push can bump the version from here to the step
             fresh, stale = split_stale(
                 batch, state.version, self.settings.learner.max_staleness, state.step + 1
             )
-            if stale:
-                self.consumer.done(stale)
+            fresh, barred = split_quarantined(fresh, self.pool, state.step + 1)
+            if stale or barred:
+                self.consumer.done([*stale, *barred])
                 state.stale_at_step += len(stale)
                 state.stale_dropped = self.consumer.stats.stale + state.stale_at_step
-                self.orchestrator.dropped_at_step(len(stale))
+                state.quarantined_dropped += len(barred)
+                self.orchestrator.dropped_at_step(len(stale) + len(barred))
                 self._carry = fresh  # topped up from the queue, then checked again
                 return None
             self._carry = []
@@ -566,6 +582,9 @@ class Learner:
             zero_variance_skipped=state.skipped_groups,
             stale_dropped=state.stale_dropped,
             stale_at_step=state.stale_at_step,
+            forged_dropped=self.consumer.stats.forged,
+            quarantined_dropped=state.quarantined_dropped,
+            out_of_range_dropped=self.consumer.stats.out_of_range,
             in_flight_solver=len(orchestrator.solver_in_flight),
             in_flight_generator=len(orchestrator.generator_in_flight),
             queue=self.queue.qsize(),

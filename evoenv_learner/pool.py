@@ -83,7 +83,11 @@ class Pool:
     Quarantine (`record_gradings`): once an admitted environment has `quarantine_min_gradings`
     gradings, an `env_error` rate above `quarantine_error_rate` sets its status to `quarantined`,
     flags it in its stats and logs `env_quarantined`. Seeds are never quarantined (that would
-    break the floor); their env_errors are logged as `seed_env_errors`, a bug to look into.
+    break the floor); their env_errors are logged as `seed_env_errors`, a bug to look into. An
+    admitted environment whose scorer disagreed with itself on a graded group (a hidden probe
+    or a re-score: `record_dishonest`) is quarantined at once, its reason `dishonest: ...`; a
+    seed's disagreement is logged as `seed_dishonest`. `quarantined` says which environments
+    are quarantined (the archive's, as of the last refresh, and those quarantined since).
 
     What the pool keeps in an environment's stats (`EnvStats`, `shared/env_stats.py`; the other
     fields, such as the admission's calibration figures, are left as they are):
@@ -120,6 +124,7 @@ class Pool:
         self._members: dict[str, PoolEntry] = {}
         self._seeds: list[PoolEntry] = []
         self._everyone: list[PoolEntry] = []
+        self._quarantined: set[str] = set()
         self._loaded_at = 0.0
         self.refresh()
 
@@ -133,6 +138,8 @@ class Pool:
             )
             rows = list(session.exec(query.order_by(EnvironmentRow.created_at)))  # type: ignore[arg-type]
             self._members = {row.sha: _entry(row) for row in rows}
+            barred = select(EnvironmentRow.sha).where(EnvironmentRow.status == "quarantined")
+            self._quarantined = set(session.exec(barred))
         self._reindex()
         self._loaded_at = self._clock()
 
@@ -150,6 +157,10 @@ class Pool:
 
     def __contains__(self, sha: object) -> bool:
         return sha in self._members
+
+    def quarantined(self, sha: str) -> bool:
+        """Whether the environment is quarantined: its groups are not trained on."""
+        return sha in self._quarantined
 
     def choose(
         self, rng: random.Random, weight: Callable[[PoolEntry], float] | None = None
@@ -262,6 +273,32 @@ class Pool:
             )
         return after
 
+    def record_dishonest(self, sha: str, why: str) -> str:
+        """Quarantine an admitted environment whose scorer disagreed with itself on a graded
+        group (`why`: what the grader saw); a seed is not quarantined but logged. Returns the
+        environment's status afterwards."""
+
+        def change(stats: EnvStats, status: str, origin: str) -> str:
+            if status != "admitted" or origin == SEED_ORIGIN:
+                return status
+            gradings, errors = stats.gradings, stats.env_errors
+            stats.quarantine = Quarantine(
+                reason=f"dishonest: {why}"[:500],
+                gradings=gradings,
+                env_errors=errors,
+                rate=errors / gradings if gradings else 0.0,
+                threshold=self.settings.quarantine_error_rate,
+                at=_now(),
+            )
+            return "quarantined"
+
+        before, after, _, name = self._update(sha, change)
+        if after == "quarantined" and before != "quarantined":
+            log.warning("env_quarantined", env_sha=sha, env=name, reason="dishonest", why=why)
+        elif after == "seed":
+            log.warning("seed_dishonest", env_sha=sha, env=name, why=why)
+        return after
+
     def set_serving_difficulty(self, sha: str, level: int, curve: dict[int, float]) -> None:
         """Serve the environment at `level` from now on; keep the curve and its history."""
 
@@ -315,6 +352,8 @@ class Pool:
             self._members[sha] = entry
         else:
             self._members.pop(sha, None)
+        if after == "quarantined":
+            self._quarantined.add(sha)
         self._reindex()
         return before, after, stats, name
 
@@ -343,7 +382,7 @@ def seed_pool(archive: Archive, seeds_dir: Path, *, max_source_bytes: int = 64 *
         static = check_static(data, max_source_bytes)
         if not static.ok or static.name is None:
             raise UsageError(f"seed {path} fails L1: {static.detail}")
-        named.append((static.name, data.decode("utf-8")))
+        named.append((static.name, data.decode("utf-8-sig")))  # the text L1 judged
     names = [name for name, _ in named]
     clashes = sorted({name for name in names if names.count(name) > 1})
     if clashes:

@@ -25,6 +25,7 @@ from shared import pauses, policy
 from shared.config import Settings
 from shared.errors import EvoEnvError, ServiceUnavailable
 from shared.hardware import cpu_flags, serving_dtype
+from shared.inference import bearer
 
 log = structlog.get_logger(__name__)
 
@@ -270,12 +271,15 @@ class _Pusher:
         backoff: float = 1.0,
         request_timeout: float = 600.0,
         pause_mode: str = "wait",
+        api_key: str = "",
     ) -> None:
         if not urls:
             raise ValueError("no vLLM server URLs to publish to")
         self.redis = redis_client
         self.pause_mode = pause_mode
-        self.http = httpx.Client(timeout=httpx.Timeout(request_timeout, connect=5.0))
+        self.http = httpx.Client(
+            timeout=httpx.Timeout(request_timeout, connect=5.0), headers=bearer(api_key)
+        )
         self.servers = [
             ServerControl(url, self.http, attempts=attempts, backoff=backoff) for url in urls
         ]
@@ -645,7 +649,8 @@ def make_publisher(
     """The mechanism for `settings.vllm_urls`: in LoRA mode adapters loaded from folders under
     `push_dir`; otherwise the one `settings.serve.weight_push` selects, NCCL streaming `model`,
     or reload from folders under `push_dir` (`current`: the folder the servers serve now, put
-    back if a push fails)."""
+    back if a push fails). Every request carries `serve.api_key` as a bearer token."""
+    api_key = settings.serve.api_key.get_secret_value()
     if settings.grpo.lora_rank > 0:
         return AdapterPublisher(
             settings.vllm_urls,
@@ -653,6 +658,7 @@ def make_publisher(
             push_dir,
             dtype=push_dtype(settings),
             max_staleness=settings.learner.max_staleness,
+            api_key=api_key,
         )
     if settings.serve.weight_push == "nccl":
         return NcclPublisher(
@@ -662,6 +668,7 @@ def make_publisher(
             master_address=master_address,
             master_port=master_port,
             pause_mode=settings.serve.push_pause,
+            api_key=api_key,
         )
     return ReloadPublisher(
         settings.vllm_urls,
@@ -670,4 +677,5 @@ def make_publisher(
         current,
         dtype=push_dtype(settings),
         pause_mode=settings.serve.push_pause,
+        api_key=api_key,
     )

@@ -19,7 +19,7 @@ from evoenv_learner.held_out import summarise
 from shared.config import Settings
 from shared.environment import build_prompt, extract_answer
 from shared.errors import ServiceUnavailable, UsageError
-from shared.inference import AsyncInferenceClient, Sampling
+from shared.inference import AsyncInferenceClient, Sampling, bearer
 from shared.policy import adapter_versions
 
 log = structlog.get_logger(__name__)
@@ -169,11 +169,12 @@ async def reachable(urls: Sequence[str], timeout: float) -> list[str]:
     return healthy
 
 
-async def newest_adapter(urls: Sequence[str], timeout: float) -> int:
+async def newest_adapter(urls: Sequence[str], timeout: float, api_key: str = "") -> int:
     """LoRA mode: the newest policy version whose adapter (`policy-v{N}`) a server among `urls`
     lists at `GET /v1/models`; 0 (the base model) when none has one. The evaluation asks that
-    adapter throughout; a server without it answers 404 and the request goes to another."""
-    async with httpx.AsyncClient(timeout=timeout) as http:
+    adapter throughout; a server without it answers 404 and the request goes to another.
+    `api_key`: the servers' bearer token (`serve.api_key`)."""
+    async with httpx.AsyncClient(timeout=timeout, headers=bearer(api_key)) as http:
 
         async def held(url: str) -> list[int]:
             try:
@@ -219,7 +220,9 @@ async def evaluate_suite(
     urls = await reachable(settings.vllm_urls, settings.worker.connect_timeout)
     sampling = Sampling(max_tokens=settings.grpo.max_tokens, temperature=0.0)
     lora = settings.grpo.lora_rank > 0
-    version = await newest_adapter(urls, settings.worker.connect_timeout) if lora else None
+    api_key = settings.serve.api_key.get_secret_value()
+    timeout = settings.worker.connect_timeout
+    version = await newest_adapter(urls, timeout, api_key) if lora else None
 
     async def served() -> int:
         return version or 0
@@ -236,6 +239,7 @@ async def evaluate_suite(
         connect_timeout=settings.worker.connect_timeout,
         request_timeout=settings.worker.complete_time_limit,
         adapters=lora,
+        api_key=api_key,
     ) as client:
 
         async def complete(prompt: str) -> str:

@@ -21,9 +21,11 @@ from typing import IO
 import httpx
 import structlog
 
+from evoenv_model.server_auth import API_KEY_VARIABLE, MIDDLEWARE
 from shared.config import Settings
 from shared.errors import ServiceUnavailable, UsageError
 from shared.hardware import cpu_flags, describe, serving_dtype
+from shared.ports import is_loopback
 
 log = structlog.get_logger(__name__)
 
@@ -90,6 +92,8 @@ def server_command(
         command += ["--enforce-eager", *cpu_prefill_args(max_len, serve.extra_args, seeded)]
     if serve.weight_push == "nccl":
         command += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
+    if serve.api_key.get_secret_value():
+        command += ["--middleware", MIDDLEWARE]  # the token itself travels in `server_env`
     return command + lora_args(settings) + list(serve.extra_args)
 
 
@@ -138,17 +142,32 @@ def server_env(settings: Settings, *, gpu: bool = False) -> dict[str, str]:
     `/reset_prefix_cache` and `/update_weight_version` endpoints the weight publisher uses
     (and in LoRA mode `VLLM_ALLOW_RUNTIME_LORA_UPDATING` the adapter endpoints).
     They let anyone who can reach the port replace the weights, so the server binds 127.0.0.1
-    unless told otherwise and must never face an untrusted network. On a CPU,
-    `VLLM_CPU_KVCACHE_SPACE` (GiB) sizes the KV cache.
+    unless told otherwise, and anywhere else only behind `serve.api_key` (`BearerToken`, which
+    reads it from `API_KEY_VARIABLE` here). On a CPU, `VLLM_CPU_KVCACHE_SPACE` (GiB) sizes the
+    KV cache.
     """
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"
+    env.pop(API_KEY_VARIABLE, None)
+    if settings.serve.api_key.get_secret_value():
+        env[API_KEY_VARIABLE] = settings.serve.api_key.get_secret_value()
     env.setdefault("HF_HUB_OFFLINE", "1")
     if not gpu:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.serve.kv_cache_gib)
     if settings.grpo.lora_rank > 0:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter and unload
     return env
+
+
+def refuse_open_door(settings: Settings) -> None:
+    """A `UsageError` where the server would listen beyond loopback without a token: its
+    development endpoints replace the weights. Asked before a model is prepared or a port bound."""
+    host = settings.serve.host
+    if not is_loopback(host) and not settings.serve.api_key.get_secret_value():
+        raise UsageError(
+            f"the model server would listen on {host} without a token: set "
+            "EVOENV_SERVE__API_KEY (every client needs it too) or EVOENV_SERVE__HOST=127.0.0.1"
+        )
 
 
 def _terminate_with(parent: int) -> Callable[[], None]:
@@ -223,6 +242,7 @@ def start_server(
 
     `output` receives the server's stdout and stderr (default: inherited).
     """
+    refuse_open_door(settings)
     gpu = on_gpu()
     command = server_command(settings, model_path, port=port, gpu=gpu)
     host = settings.serve.host if settings.serve.host not in ("0.0.0.0", "::") else "127.0.0.1"

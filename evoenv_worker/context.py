@@ -29,6 +29,7 @@ class WorkerContext:
     _inference: InferenceClient | None = None
     _reviewer: InferenceClient | None = None
     _embedder: Embedder | None = None
+    _stream_key: bytes | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def sandbox(self) -> Sandbox:
@@ -47,6 +48,15 @@ class WorkerContext:
 
                 self._redis = connect(self.settings)
             return self._redis
+
+    def stream_key(self) -> bytes:
+        """The key this worker signs rollout stream entries with (`shared/stream_key.py`)."""
+        with self._lock:
+            if self._stream_key is None:
+                from shared.stream_key import stream_key
+
+                self._stream_key = stream_key(self.settings)
+            return self._stream_key
 
     def archive(self) -> Archive:
         with self._lock:
@@ -84,6 +94,7 @@ class WorkerContext:
                     [a.reviewer_url],
                     a.reviewer_model or self.settings.model,
                     connect_timeout=self.settings.worker.connect_timeout,
+                    api_key=a.reviewer_api_key.get_secret_value(),
                 )
             return self._reviewer
 

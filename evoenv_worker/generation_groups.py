@@ -166,7 +166,7 @@ def finalize_group(ctx: WorkerContext, run: str, group_id: str) -> GradedGroup:
     ]
     completions = [completion for completion, _ in graded]
     group = _generator_group(run, group_id, meta, rows, completions, gamma)
-    append_group(client, group)
+    append_group(client, group, ctx.stream_key())
     _record_group(ctx, group, rows, [parts for _, parts in graded], gamma, meta)
     log.info(
         "generation_group_done",

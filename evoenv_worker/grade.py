@@ -1,10 +1,13 @@
 """Sampling and grading in the sandbox: the `sample`, `grade` and `constant_baseline` jobs as
-plain functions, and the lenient answers' rewards of an evaluation. Outcomes and rewards:
-docs/CONTRACT.md#grades.
+plain functions (a solver group's grading with its hidden probes and re-score), and the lenient
+answers' rewards of an evaluation. Outcomes and rewards: docs/CONTRACT.md#grades.
 """
 
 from __future__ import annotations
 
+import functools
+import random
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
@@ -28,17 +31,30 @@ from shared.messages import (
     SolverGroupData,
     SolverJob,
 )
+from shared.static import declared_oracle
 
 log = structlog.get_logger(__name__)
+
+Answer = str | dict[str, str] | None
+"""An answer of a `grade` op: a solver's extracted text, null (not scored), or a probe."""
+DRAWS = random.SystemRandom()
+"""Where probes go and which groups are scored again: from the operating system, so that
+nothing an environment can compute says it."""
 
 _INSTANCE_ROUTINES = frozenset({"sample", "solve", "render", "answer_text"})
 """Routines of a failed `grade` op that mean the instance itself could not be made."""
 
 
-def grade_op(seed: int, difficulty: int, answers: list[str | None]) -> dict[str, Any]:
+def grade_op(
+    seed: int, difficulty: int, answers: Sequence[Answer], cap: int | None = None
+) -> dict[str, Any]:
     """The sandbox op that samples and solves (seed, difficulty) once and scores `answers`
-    (a null answer is not scored)."""
-    return {"op": "grade", "seed": seed, "difficulty": difficulty, "answers": answers}
+    (a null answer is not scored; a probe is filled in by the sandbox, with `cap` the answer
+    cap its texts are extracted under)."""
+    op = {"op": "grade", "seed": seed, "difficulty": difficulty, "answers": list(answers)}
+    if cap is not None:
+        op["cap"] = cap
+    return op
 
 
 def grade_op_seconds(settings: Settings, answers: int) -> float:
@@ -50,7 +66,7 @@ def grade_op_seconds(settings: Settings, answers: int) -> float:
     return min(per_op * (1 + answers), cap)
 
 
-def read_grades(result: OpResult, answers: list[str | None]) -> tuple[list[Grade | None], str]:
+def read_grades(result: OpResult, answers: Sequence[Answer]) -> tuple[list[Grade | None], str]:
     """The grade of each answer of a `grade` op (None for a null answer) and "", or no grades
     and the reason when the op failed or its reply does not have the expected shape.
 
@@ -106,7 +122,9 @@ def estimate_tokens(text: str) -> int:
     return len(text) // 3 + 1
 
 
-def grade_group(sandbox: Sandbox, job: SolverJob, settings: Settings) -> GradedGroup:
+def grade_group(
+    sandbox: Sandbox, job: SolverJob, settings: Settings, draws: random.Random = DRAWS
+) -> GradedGroup:
     """Score every completion of the job in one sandbox `grade` op.
 
     The instance is regenerated from its (seed, difficulty), sampled and solved once, and the
@@ -116,6 +134,11 @@ def grade_group(sandbox: Sandbox, job: SolverJob, settings: Settings) -> GradedG
     `sandbox/results.py`, and `read_grades` again) makes the whole group an `env_error`, never
     an exception; infrastructure errors (`SandboxFailure`, Redis) propagate, and the task
     retries them.
+
+    The op also carries hidden probes, and now and then one answer is scored again alone
+    (`_graded`): where the scorer disagrees with itself, the group's data says so
+    (`dishonest`) and the learner drops it. The completions, the prompt and the rewards are
+    the same with probes as without.
     """
     if job.over_budget:  # nothing was sampled: the orchestrator serves it one level easier
         return _group(job, [], SolverGroupData(over_budget=True))
@@ -124,17 +147,9 @@ def grade_group(sandbox: Sandbox, job: SolverJob, settings: Settings) -> GradedG
     answers = [e.answer for e in extractions]
     instance_error = job.error
     grades: list[Grade | None] = []
+    dishonest: str | None = None
     if not instance_error:
-        (result,) = sandbox.run(
-            job.env.source,
-            [grade_op(job.seed, job.difficulty, answers)],
-            filename=f"{job.env.name}.py",
-            op_seconds=grade_op_seconds(settings, sum(a is not None for a in answers)),
-        )
-        grades, reason = read_grades(result, answers)
-        if reason:
-            step = "sampling" if result.routine in _INSTANCE_ROUTINES else "grading"
-            instance_error = f"{step} failed: {reason}"
+        grades, instance_error, dishonest = _graded(sandbox, job, answers, settings, draws)
     graded: list[GradedCompletion] = []
     for k, (completion, extraction) in enumerate(zip(job.completions, extractions, strict=True)):
         base = completion.model_dump()
@@ -149,7 +164,138 @@ def grade_group(sandbox: Sandbox, job: SolverJob, settings: Settings) -> GradedG
                 **base, reward=grade.reward, outcome=grade.outcome.value, detail=grade.detail
             )
         )
-    return _group(job, graded, SolverGroupData(env_error=instance_error or None))
+    data = SolverGroupData(env_error=instance_error or None, dishonest=dishonest)
+    return _group(job, graded, data)
+
+
+def _graded(
+    sandbox: Sandbox,
+    job: SolverJob,
+    answers: list[str | None],
+    settings: Settings,
+    draws: random.Random,
+) -> tuple[list[Grade | None], str | None, str | None]:
+    """The grades of `answers`, scored in one `grade` op with the job's hidden probes among
+    them (`probe_kinds`, `place_probes`); why the instance could not be made or graded (None:
+    it was); and what the grader saw if the scorer disagreed with itself (None: it did not, or
+    nothing was checked): a probe scored wrong on this very instance (`probe_disagreement`),
+    or, for a share `pool.rescore_rate` of the groups, one scored answer drawn at random got
+    another reward scored again alone in a fresh process (`_rescored`)."""
+    asked, probes = place_probes(answers, probe_kinds(job, settings.pool.probe_rate, draws), draws)
+    cap = settings.validation.answer_cap if probes else None
+    (result,) = sandbox.run(
+        job.env.source,
+        [grade_op(job.seed, job.difficulty, asked, cap)],
+        filename=f"{job.env.name}.py",
+        op_seconds=grade_op_seconds(settings, sum(a is not None for a in asked)),
+    )
+    every, reason = read_grades(result, asked)
+    if reason:
+        step = "sampling" if result.routine in _INSTANCE_ROUTINES else "grading"
+        return [], f"{step} failed: {reason}", None
+    grades = [grade for position, grade in enumerate(every) if position not in probes]
+    dishonest = probe_disagreement(every, probes)
+    if dishonest is None and draws.random() < settings.pool.rescore_rate:
+        dishonest = _rescored(sandbox, job, answers, grades, settings, draws)
+    if dishonest is not None:
+        log.warning(
+            "grading_disagreed",
+            env=job.env.name,
+            env_sha=job.env.sha,
+            seed=job.seed,
+            difficulty=job.difficulty,
+            group=job.group_id,
+            dishonest=dishonest,
+        )
+    return grades, None, dishonest
+
+
+def probe_kinds(job: SolverJob, rate: float, draws: random.Random) -> tuple[str, ...]:
+    """The probes of the job's grading call, for a share `rate` of the calls: the reference's
+    answer text (must score 1.0) and the empty answer (must not), and for an environment that
+    declares an equality oracle a perturbed reference (must not either: a feasibility scorer
+    may accept another answer)."""
+    if draws.random() >= rate:
+        return ()
+    if _oracle(job.env.sha, job.env.source) == "equality":
+        return ("reference", "empty", "perturbed")
+    return ("reference", "empty")
+
+
+@functools.lru_cache(maxsize=256)
+def _oracle(sha: str, source: str) -> str:
+    return declared_oracle(source.encode())
+
+
+def place_probes(
+    answers: Sequence[str | None], kinds: Sequence[str], draws: random.Random
+) -> tuple[list[Answer], dict[int, str]]:
+    """`answers` with a probe of each of `kinds` at random positions among them (the answers
+    keep their order), and the probes' kinds by position."""
+    total = len(answers) + len(kinds)
+    order = list(kinds)
+    draws.shuffle(order)
+    probes = dict(zip(sorted(draws.sample(range(total), len(kinds))), order, strict=True))
+    rest = iter(answers)
+    asked: list[Answer] = [
+        {"probe": probes[k]} if k in probes else next(rest) for k in range(total)
+    ]
+    return asked, probes
+
+
+def probe_disagreement(grades: Sequence[Grade | None], probes: dict[int, str]) -> str | None:
+    """What a probe saw if the scorer disagreed with itself on the instance (None: every
+    probe scored as it must): the reference's answer text not scoring exactly 1.0, or the
+    empty or the perturbed answer scoring 1.0. A probe the sandbox left without a text (the
+    empty or perturbed one where it reads as the reference) has no reward and says nothing,
+    except the reference's."""
+    for position, kind in sorted(probes.items()):
+        grade = grades[position]
+        reward = grade.reward if grade is not None else None
+        if kind == "reference" and reward != 1.0:
+            got = f"{reward:g}" if reward is not None else "no reward"
+            detail = f" ({grade.detail[:200]})" if grade is not None and grade.detail else ""
+            return f"a hidden probe: the reference answer scored {got}{detail}, not 1.0"
+        if kind != "reference" and reward is not None and reward >= 1.0:
+            return f"a hidden probe: the {kind} answer scored {reward:g}"
+    return None
+
+
+def _rescored(
+    sandbox: Sandbox,
+    job: SolverJob,
+    answers: list[str | None],
+    grades: list[Grade | None],
+    settings: Settings,
+    draws: random.Random,
+) -> str | None:
+    """One scored answer, drawn at random, scored again alone in a `grade` op of its own (a
+    fresh sandbox process): what was seen if its reward differs (None: the same, or nothing to
+    score; a failed op says nothing, and is logged)."""
+    scored = [k for k, grade in enumerate(grades) if grade is not None and grade.reward is not None]
+    if not scored:
+        return None
+    k = draws.choice(scored)
+    alone: list[Answer] = [answers[k]]
+    (result,) = sandbox.run(
+        job.env.source,
+        [grade_op(job.seed, job.difficulty, alone)],
+        filename=f"{job.env.name}.py",
+        op_seconds=grade_op_seconds(settings, 1),
+    )
+    again, reason = read_grades(result, alone)
+    if reason:
+        log.warning("rescore_failed", env=job.env.name, seed=job.seed, reason=reason)
+        return None
+    before = grades[k]
+    after = again[0].reward if again[0] is not None else None
+    if before is None or after == before.reward:
+        return None
+    shown = f"{after:g}" if after is not None else "no reward"
+    return (
+        f"a re-score: answer {k} scored {before.reward:g} in the group's grading call and "
+        f"{shown} alone in a fresh process"
+    )
 
 
 def lenient_rewards(

@@ -21,6 +21,7 @@ from shared.config import Settings
 from shared.errors import EnvironmentOutputError, SandboxFailure, SandboxUnavailable
 from shared.messages import Stage, StageReport, Trigger, ValidateJob, ValidationReport, Verdict
 from shared.static import check_static
+from shared.validation_seeds import validation_secret, validation_seeds
 
 log = structlog.get_logger(__name__)
 
@@ -100,7 +101,7 @@ def validate_source(
     source = data.decode("utf-8-sig")
     runner = SourceRunner(sandbox, source, file)
     fresh = _fresh_factory(sandbox, source, file)
-    seeds = list(range(settings.validation.seeds))
+    seeds = validation_seeds(validation_secret(settings), data, settings.validation.seeds)
     stage: Stage = "L2"
     try:
         started = time.perf_counter()
@@ -111,7 +112,10 @@ def validate_source(
         if not record("L2", check, started) or meta is None:
             return finish("rejected", "L2")
         stage, started = "L3", time.perf_counter()
-        if not record("L3", running_checks.check_deterministic(fresh, items), started):
+        cap = settings.validation.answer_cap
+        if not record(
+            "L3", running_checks.check_deterministic(fresh, items, answer_cap=cap), started
+        ):
             return finish("rejected", "L3")
         stage, started = "L4", time.perf_counter()
         if not record(
@@ -124,9 +128,7 @@ def validate_source(
         ):
             return finish("rejected", "L5")
     except EnvironmentOutputError as exc:
-        trigger = (
-            Trigger(seed=exc.seed, difficulty=exc.difficulty) if exc.seed is not None else None
-        )
+        trigger = Trigger(seed=exc.seed, difficulty=exc.difficulty) if exc.seed is not None else None
         record(stage, running_checks.Check(False, str(exc), trigger), started)
         return finish("rejected", stage)
     except (SandboxUnavailable, SandboxFailure) as exc:

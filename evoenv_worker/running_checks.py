@@ -8,6 +8,7 @@ check returns or raises `EnvironmentOutputError`: a rejection at the stage that 
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -15,11 +16,21 @@ from typing import Any, Protocol
 
 from evoenv_worker.sandbox.host import OpResult
 from shared.config import ValidationSettings
-from shared.environment import ORACLE_KINDS, default_answer_text, extract_answer, is_snake_case
+from shared.environment import (
+    ANSWER_CAP,
+    ORACLE_KINDS,
+    default_answer_text,
+    extract_answer,
+    is_snake_case,
+    perturbations,
+)
 from shared.errors import EnvironmentOutputError
 from shared.messages import Trigger
 
 GARBAGE_PROBES = ("qwerty zxcvb !! ??", "¯\\_(ツ)_/¯ 𝔤𝔞𝔯𝔟𝔞𝔤𝔢 \x07")
+BLANK_LOOKALIKES = frozenset("\u115f\u1160\u2800\u3164\uffa0\U0001d159")
+"""Letters and symbols to Unicode that show as nothing: the Hangul fillers, the Braille blank,
+the musical null notehead."""
 
 
 class Runner(Protocol):
@@ -176,6 +187,11 @@ def describe(runner: Runner) -> tuple[Check, Meta | None]:
     description = attrs.get("description")
     if not isinstance(description, str) or not description.strip():
         return Check(False, "description must be a non-empty string"), None
+    problem = _not_text(description) or (
+        None if _visible(description) else "holds no visible character"
+    )
+    if problem:
+        return Check(False, f"the description {problem}"), None
     return Check(True, "attributes ok"), Meta(str(name), description, str(oracle), lo, hi)
 
 
@@ -213,6 +229,13 @@ def check_executes(
         prompt = value["prompt"]
         if not prompt.strip():
             return Check(False, "render returned an empty prompt", trigger), []
+        problem = _not_text(prompt) or (None if _visible(prompt) else "holds no visible character")
+        if problem:
+            return Check(False, f"the prompt {problem}", trigger), []
+        for what in ("answer_text", "instance", "reference"):
+            problem = _not_text(_as_text(value[what]))
+            if problem:
+                return Check(False, f"the {what} {problem}", trigger), []
         size = len(prompt.encode("utf-8", "replace"))
         if size > settings.max_prompt_bytes:
             return Check(
@@ -234,6 +257,36 @@ def check_executes(
         f"call {slowest * 1000:.1f} ms",
         data={"slowest_seconds": slowest},
     ), items
+
+
+def _not_text(text: str) -> str | None:
+    """Why `text` is not valid UTF-8 text (it holds a lone surrogate, which no UTF-8 file,
+    terminal, JSON message or database holds), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"is not valid UTF-8 text: it holds a lone surrogate (U+{ord(text[exc.start]):04X})"
+    return None
+
+
+def _as_text(value: Any) -> str:
+    """A string as it is, any other value as its JSON text (keys and strings unescaped); ""
+    where JSON cannot write it (`canonical` rejects that where values are compared)."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        return ""
+
+
+def _visible(text: str) -> bool:
+    """True when `text` holds a character that shows: a letter, digit, punctuation mark or
+    symbol that is no blank look-alike (spaces, format characters such as zero-width ones,
+    controls and lone combining marks show nothing by themselves)."""
+    return any(
+        unicodedata.category(char)[0] in "LNPS" and char not in BLANK_LOOKALIKES for char in text
+    )
 
 
 def _failure_text(result: OpResult) -> str:
@@ -268,10 +321,14 @@ def _signatures(results: list[OpResult]) -> list[str | None]:
 
 
 def check_deterministic(
-    fresh: FreshRunner, items: Sequence[Item], hash_seeds: tuple[int, int] = (1, 2)
+    fresh: FreshRunner,
+    items: Sequence[Item],
+    hash_seeds: tuple[int, int] = (1, 2),
+    answer_cap: int = ANSWER_CAP,
 ) -> Check:
     """L3: identical instance, reference and prompt in two fresh processes with different hash
-    seeds, and the same result for each item alone as inside a batch in a different order."""
+    seeds, the same result for each item alone as inside a batch in a different order, and the
+    same scores for the same answers in both processes (`_score_ops`)."""
     ops = [instance_op(item.seed, item.difficulty) for item in items]
     expected: list[str | None] = [
         canonical([i.instance, i.reference, i.prompt, i.answer_text]) for i in items
@@ -280,8 +337,11 @@ def check_deterministic(
         batch = _signatures(first.run(ops))
         alone = [_signatures(first.run([op]))[0] for op in ops]
         reverse = _signatures(first.run(ops[::-1]))[::-1]
+        scoring = _score_ops(items, _perturbed_texts(first, items), answer_cap)
+        scored = first.run(ops + scoring)[len(ops) :]
     with fresh(hash_seeds[1]) as second:
         other = _signatures(second.run(ops))
+        rescored = second.run(ops + scoring[::-1])[len(ops) :][::-1]
     comparisons: list[tuple[list[str | None], list[str | None], str]] = [
         (
             batch,
@@ -317,10 +377,68 @@ def check_deterministic(
                 )
             if a != b:
                 return Check(False, f"the instance, reference or prompt {why}", item.trigger)
+    unstable = _score_disagreement(items, scoring, scored, rescored)
+    if unstable is not None:
+        return unstable
     return Check(
         True,
-        f"{len(items)} instances identical across 2 fresh processes, alone and in a reversed batch",
+        f"{len(items)} instances identical across 2 fresh processes, alone and in a reversed "
+        f"batch; {len(scoring)} answers score the same in both",
     )
+
+
+def _score_ops(
+    items: Sequence[Item], perturbed: dict[int, list[str]], cap: int
+) -> list[dict[str, Any]]:
+    """The answers L3 scores in each process, as score ops on a batch of the items' instance
+    ops: each item's reference, another item's answer at its difficulty and the perturbations
+    of its reference (near misses, where partial credit lives), extracted as a solver's are."""
+    ops: list[dict[str, Any]] = []
+    for k, item in enumerate(items):
+        borrowed = next(
+            (o.answer_text for o in items if o.difficulty == item.difficulty and o is not item),
+            None,
+        )
+        texts = [item.answer_text, *([borrowed] if borrowed else []), *perturbed.get(k, [])]
+        answers = dict.fromkeys(a for a in (_extracted(t, cap) for t in texts) if a is not None)
+        ops += [{"op": "score", "from": k, "answer": answer} for answer in answers]
+    return ops
+
+
+_STABLE_FAILURES = frozenset({"exception", "value", "type"})
+"""How a scorer fails by what it computes (not by running out of time or memory)."""
+
+
+def _score_disagreement(
+    items: Sequence[Item],
+    ops: Sequence[dict[str, Any]],
+    first: Sequence[OpResult],
+    second: Sequence[OpResult],
+) -> Check | None:
+    """The failing check where one answer got different scores in the two processes (or was
+    scored in one and made the scorer raise in the other); None where none did. A scorer that
+    fails on an answer in both, or runs out of time or memory, is left to L5."""
+    for op, a, b in zip(ops, first, second, strict=True):
+        item = items[op["from"]]
+        trigger = Trigger(seed=item.seed, difficulty=item.difficulty, answer=op["answer"][:500])
+        if a.ok and b.ok:
+            left, right = _score_of(a, trigger), _score_of(b, trigger)
+            if left != right:
+                return Check(
+                    False,
+                    f"the scorer gives the same answer different scores in two fresh processes "
+                    f"({left:g} and {right:g}): a score must follow from the instance, reference "
+                    "and answer alone (random numbers, a clock or state carried across calls?)",
+                    trigger,
+                )
+        elif a.ok != b.ok and (a.kind if b.ok else b.kind) in _STABLE_FAILURES:
+            return Check(
+                False,
+                "the scorer fails on an answer in one fresh process and scores it in the other "
+                f"(nondeterministic failure): {_failure_text(b if a.ok else a)}",
+                trigger,
+            )
+    return None
 
 
 # --------------------------------------------------------------------------------------- L4
@@ -603,40 +721,6 @@ def _spray(others: list[str], numbers: list[str], cap: int) -> str:
     while len(", ".join(parts)) > cap and len(parts) > len(numbers):
         parts.pop(len(parts) - len(numbers) - 1)
     return ", ".join(parts)
-
-
-def perturbations(value: Any) -> list[Any]:
-    """Near misses of a reference: integers +1 and -1, floats x1.5, one character of a string
-    changed, one element of a list dropped (and its last scalar perturbed)."""
-    if isinstance(value, bool):
-        return [not value]
-    if isinstance(value, int):
-        return [value + 1, value - 1]
-    if isinstance(value, float):
-        return [value * 1.5 if value else 1.5]
-    if isinstance(value, str):
-        return [_change_one_char(value)] if value else ["x"]
-    if isinstance(value, list) and value:
-        out: list[Any] = [value[1:], value[:-1]]
-        for index in range(len(value) - 1, -1, -1):
-            if isinstance(value[index], (int, float, str)) and not isinstance(value[index], bool):
-                out.append([*value[:index], perturbations(value[index])[0], *value[index + 1 :]])
-                break
-        return out
-    return []
-
-
-def _change_one_char(text: str) -> str:
-    index = len(text) // 2
-    char = text[index]
-    if char.isdigit():
-        new = str((int(char) + 1) % 10) if char.isascii() else "0"
-    elif char.isascii() and char.isalpha():
-        base = "a" if char.islower() else "A"
-        new = chr((ord(char) - ord(base) + 1) % 26 + ord(base))
-    else:
-        new = "x"
-    return text[:index] + new + text[index + 1 :]
 
 
 def _perturbed_texts(runner: Runner, items: Sequence[Item]) -> dict[int, list[str]]:

@@ -51,4 +51,5 @@ def make_client(
         serving_clock=serving_clock,
         wall_timeout=settings.worker.complete_wall_limit,
         adapters=settings.grpo.lora_rank > 0,
+        api_key=settings.serve.api_key.get_secret_value(),
     )

@@ -185,7 +185,7 @@ def grade(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
     job = self.decode(SolverJob, payload)
     ctx = context.current()
     group = grade_group(ctx.sandbox(), job, ctx.settings)
-    entry = append_group(ctx.redis(), group)
+    entry = append_group(ctx.redis(), group, ctx.stream_key())
     log.info(
         "group_graded",
         group_id=group.group_id,

@@ -41,6 +41,8 @@ class ValidationSettings(BaseModel):
     """L1: largest environment file, in bytes; the CLI reads at most this plus one byte of one."""
     seeds: int = 8
     """L2-L5: seeds tested at each of the min, middle and max difficulty."""
+    secret: SecretStr = SecretStr("")
+    """What L2-L5's seeds derive from, with each file's hash (empty: DATA_DIR/validation.key)."""
     max_prompt_bytes: int = 16 * 1024
     """L2: longest rendered prompt, in bytes (UTF-8)."""
     min_distinct_references: int = 2
@@ -72,7 +74,10 @@ class ServeSettings(BaseModel):
     """The vLLM OpenAI-compatible server that `evoenv serve` starts (EVOENV_SERVE__...)."""
 
     host: str = "127.0.0.1"
-    """Address to bind; keep it private: the weight-reload endpoints must not face a network."""
+    """Address to bind; any but loopback needs `api_key` (the weight-reload endpoints are on)."""
+    api_key: SecretStr = SecretStr("")
+    """Bearer token the server requires on every route but /health and its clients send (empty:
+    none, loopback only; set: required on loopback too)."""
     port: int = Field(8000, ge=1, le=65535)
     """TCP port of the server."""
     kv_cache_gib: int = Field(2, ge=1)
@@ -175,6 +180,8 @@ class PoolWebSettings(BaseModel):
     """Longest prompt, reference or answer text of a sample instance shown, in characters."""
     sample_cache: int = Field(256, ge=1)
     """Sample instances kept (least recently used goes first), keyed by sha, seed, difficulty."""
+    sample_workers: int = Field(4, ge=1)
+    """Sandboxes computing sample instances at once, one environment in at most one of them."""
 
 
 class AdmissionSettings(BaseModel):
@@ -191,6 +198,8 @@ class AdmissionSettings(BaseModel):
     """OpenAI-compatible endpoint of a different reviewer model (empty: the policy's servers)."""
     reviewer_model: str = ""
     """Model name at `reviewer_url` (empty: the served policy)."""
+    reviewer_api_key: SecretStr = SecretStr("")
+    """Bearer token sent to `reviewer_url` (empty: none)."""
     sampling_seed: int | None = None
     """Seed of the model stages: the calibration instances and every review and calibration
     request's sampling seed derive from it and the candidate's content, so that admitting the
@@ -258,6 +267,13 @@ class PoolSettings(BaseModel):
     """env_error rate beyond which an admitted environment is quarantined..."""
     quarantine_min_gradings: int = Field(16, ge=1)
     """...once it has at least this many gradings."""
+    probe_rate: float = Field(1.0, ge=0, le=1)
+    """Share of solver grading calls given hidden probes: the reference, an empty and (equality
+    oracles) a perturbed answer, at random positions among the answers. Below 1, a call
+    without probes can be told from one with them by counting the scorer's calls."""
+    rescore_rate: float = Field(0.05, ge=0, le=1)
+    """Share of solver groups one of whose scored answers is scored again alone, in a fresh
+    sandbox process; a reward that differs quarantines the environment, as a failed probe does."""
 
 
 class GrpoSettings(BaseModel):
@@ -394,6 +410,10 @@ class LearnerSettings(BaseModel):
         return weights
 
 
+MIN_STREAM_KEY = 32
+"""Fewest characters of a stream key (`Settings.stream_key`, or the DATA_DIR/stream.key file)."""
+
+
 class Settings(BaseSettings):
     """All of EvoEnv's settings. Build once with `Settings()` in an entry point."""
 
@@ -402,7 +422,13 @@ class Settings(BaseSettings):
     )
 
     redis_url: str = "redis://127.0.0.1:6379/0"
-    """Broker, result backend, rollout stream and policy version."""
+    """Broker, result backend, rollout stream and policy version (a password: redis://:PW@...)."""
+    redis_bind: str = "127.0.0.1"
+    """Address of the Redis that `evoenv up` or deploy/redis.sh starts; any but loopback needs
+    a password (`up` generates one into DATA_DIR/redis-password, deploy/redis.sh refuses)."""
+    redis_password: SecretStr = SecretStr("")
+    """Password of the Redis that `evoenv up` or deploy/redis.sh starts (set: required on
+    loopback too); clients give it in `redis_url`."""
     database_url: str = ""
     """The archive: empty means SQLite at DATA_DIR/archive.db; or a PostgreSQL URL."""
     vllm_urls: Annotated[list[str], NoDecode] = ["http://127.0.0.1:8000"]
@@ -418,6 +444,8 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     run: str = "default"
     """Name of the training run: namespaces its rollout stream and groups in Redis."""
+    stream_key: SecretStr = SecretStr("")
+    """HMAC key of the rollout stream's entries, alike on every host (empty: DATA_DIR/stream.key)."""
 
     sandbox: SandboxSettings = SandboxSettings()
     validation: ValidationSettings = ValidationSettings()
@@ -441,6 +469,13 @@ class Settings(BaseSettings):
     @classmethod
     def _expand(cls, value: Path) -> Path:
         return value.expanduser()
+
+    @field_validator("stream_key")
+    @classmethod
+    def _long_enough(cls, value: SecretStr) -> SecretStr:
+        if 0 < len(value.get_secret_value()) < MIN_STREAM_KEY:
+            raise ValueError(f"a stream key has at least {MIN_STREAM_KEY} characters")
+        return value
 
     @property
     def run_dir(self) -> Path:

@@ -86,15 +86,18 @@ class Retirement(_Stats):
 
 
 class Quarantine(_Stats):
-    """Why and when an environment was quarantined: too many env_error gradings."""
+    """Why and when an environment was quarantined: too many env_error gradings, or its scorer
+    disagreed with itself on a graded group (a hidden probe or a re-score)."""
 
     reason: str
+    """`env_error rate`, or `dishonest: ` and what the grader saw."""
     gradings: int
     env_errors: int
     rate: float
-    """env_errors / gradings when it was quarantined."""
+    """env_errors / gradings when it was quarantined (0.0 before any grading)."""
     threshold: float
-    """The rate it went over (`pool.quarantine_error_rate`)."""
+    """The env_error rate that quarantines (`pool.quarantine_error_rate`): the one an
+    `env_error rate` quarantine went over."""
     at: str
     """When (ISO 8601, UTC)."""
 

@@ -32,6 +32,7 @@ __all__ = [
     "is_snake_case",
     "json_round_trips",
     "make_rng",
+    "perturbations",
     "seed_global_random",
 ]
 
@@ -54,7 +55,8 @@ ANSWER_INSTRUCTION = (
 )
 """The framework's answer-format instruction, appended to every rendered problem."""
 
-_SNAKE_CASE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)*$")
+_SNAKE_CASE = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*", re.ASCII)
+"""A name, matched whole (`fullmatch`: `$` would also match before a final newline)."""
 _LABEL = re.compile(r":|=|\bis\b", re.IGNORECASE)
 """What ends a label before an untagged answer ("Answer: 3", "x = 3", "the length is 3")."""
 _MARKUP = " \t\r\n`*$\"'<>"
@@ -105,8 +107,44 @@ def default_answer_text(reference: Any) -> str:
     return str(reference)
 
 
+def perturbations(value: Any) -> list[Any]:
+    """Near misses of a reference (L5's perturbed probes, and a training grading call's): integers
+    +1 and -1, floats x1.5, one character of a string changed, one element of a list dropped
+    (and its last scalar perturbed)."""
+    if isinstance(value, bool):
+        return [not value]
+    if isinstance(value, int):
+        return [value + 1, value - 1]
+    if isinstance(value, float):
+        return [value * 1.5 if value else 1.5]
+    if isinstance(value, str):
+        return [_change_one_char(value)] if value else ["x"]
+    if isinstance(value, list) and value:
+        out: list[Any] = [value[1:], value[:-1]]
+        for index in range(len(value) - 1, -1, -1):
+            if isinstance(value[index], (int, float, str)) and not isinstance(value[index], bool):
+                out.append([*value[:index], perturbations(value[index])[0], *value[index + 1 :]])
+                break
+        return out
+    return []
+
+
+def _change_one_char(text: str) -> str:
+    index = len(text) // 2
+    char = text[index]
+    if char.isdigit():
+        new = str((int(char) + 1) % 10) if char.isascii() else "0"
+    elif char.isascii() and char.isalpha():
+        base = "a" if char.islower() else "A"
+        new = chr((ord(char) - ord(base) + 1) % 26 + ord(base))
+    else:
+        new = "x"
+    return text[:index] + new + text[index + 1 :]
+
+
 def is_snake_case(name: object) -> bool:
-    return isinstance(name, str) and bool(_SNAKE_CASE.match(name))
+    """True for a string that is ASCII snake_case as a whole: nothing before or after it."""
+    return isinstance(name, str) and _SNAKE_CASE.fullmatch(name) is not None
 
 
 def make_rng(name: str, seed: int, difficulty: int) -> random.Random:

@@ -361,6 +361,11 @@ class _Balancer:
         )
 
 
+def bearer(api_key: str) -> dict[str, str]:
+    """The headers that carry a model server's token (`serve.api_key`; none when empty)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def _timeout(request_timeout: float, connect_timeout: float) -> httpx.Timeout:
     return httpx.Timeout(request_timeout, connect=connect_timeout, pool=request_timeout)
 
@@ -435,10 +440,12 @@ class InferenceClient:
         serving_clock: Callable[[], float] | None = None,
         wall_timeout: float | None = None,
         adapters: bool = False,
+        api_key: str = "",
     ) -> None:
         """`request_timeout`: seconds a request may wait for its answer, on `serving_clock` if
         one is given (seconds the servers are paused left out), else on the wall clock;
-        `wall_timeout` (with a clock): the most wall seconds it may take all the same."""
+        `wall_timeout` (with a clock): the most wall seconds it may take all the same;
+        `api_key`: the servers' bearer token (`serve.api_key`), sent with every request."""
         self.model = model
         self.version_source = version_source
         self.adapters = adapters
@@ -446,7 +453,10 @@ class InferenceClient:
         self.request_timeout = request_timeout
         self.serving_clock = serving_clock
         wall = wall_timeout if serving_clock is not None and wall_timeout else request_timeout
-        self._http = httpx.Client(timeout=_timeout(max(wall, request_timeout), connect_timeout))
+        self._http = httpx.Client(
+            timeout=_timeout(max(wall, request_timeout), connect_timeout),
+            headers=bearer(api_key),
+        )
         self._calls = (
             concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="inference")
             if serving_clock is not None
@@ -559,12 +569,15 @@ class AsyncInferenceClient:
         attempts: int = 4,
         backoff: float = 0.5,
         adapters: bool = False,
+        api_key: str = "",
     ) -> None:
         self.model = model
         self.version_source = version_source
         self.adapters = adapters
         self._balancer = _Balancer(list(urls), attempts, backoff)
-        self._http = httpx.AsyncClient(timeout=_timeout(request_timeout, connect_timeout))
+        self._http = httpx.AsyncClient(
+            timeout=_timeout(request_timeout, connect_timeout), headers=bearer(api_key)
+        )
 
     @property
     def urls(self) -> list[str]:

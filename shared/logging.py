@@ -23,7 +23,10 @@ def configure_logging(fmt: Literal["console", "json"] = "console", level: str = 
     renderer: structlog.types.Processor = (
         structlog.processors.JSONRenderer()
         if fmt == "json"
-        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        else structlog.dev.ConsoleRenderer(
+            colors=sys.stderr.isatty(),
+            exception_formatter=structlog.dev.plain_traceback,  # never the values of locals
+        )
     )
     structlog.configure(
         processors=[

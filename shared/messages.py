@@ -9,13 +9,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The version every message is written with:
 
     1  a graded group's `data` is a free dict
     2  it is typed: `SolverGroupData` or `GeneratorGroupData`, by the group's role
     3  a proposal job and a generation group's data carry the proposal mode (`topic` when
        read from an older version) and the group a repair is of
+    4  a solver group's data says when a hidden probe or a re-score disagreed (`dishonest`)
 
 A version-1 message is read as it is: the other payloads did not change, and everything
 version 1 put in a graded group's `data` fits its typed model (a stream entry whose data does
@@ -63,6 +64,12 @@ class Message(BaseModel):
         return version
 
 
+def utf8_text(text: str) -> str:
+    """`text` as valid UTF-8 text: each lone surrogate (an environment's exception message, a
+    path's undecodable byte), which no UTF-8 message, file or database holds, as its escape."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 class Trigger(BaseModel):
     """The input that made a stage fail, so a person can reproduce it."""
 
@@ -71,6 +78,11 @@ class Trigger(BaseModel):
     seed: int | None = None
     difficulty: int | None = None
     answer: str | None = None
+
+    @field_validator("answer")
+    @classmethod
+    def _text(cls, answer: str | None) -> str | None:
+        return None if answer is None else utf8_text(answer)
 
 
 class StageReport(BaseModel):
@@ -86,6 +98,11 @@ class StageReport(BaseModel):
     data: dict[str, Any] = Field(default_factory=dict)
     """Stage-specific figures (pass rate, similarity, review verdicts...)."""
 
+    @field_validator("detail")
+    @classmethod
+    def _text(cls, detail: str) -> str:
+        return utf8_text(detail)
+
 
 class ValidationReport(Message):
     """The report of `evoenv validate` for one file (docs/CONTRACT.md#verdicts-and-exit-codes)."""
@@ -99,6 +116,11 @@ class ValidationReport(Message):
     """False when the sandbox ran in the explicit unconfined mode: the code was NOT isolated."""
     error: str | None = None
     """Why the check itself could not run (verdict `error`)."""
+
+    @field_validator("file", "error")
+    @classmethod
+    def _text(cls, text: str | None) -> str | None:
+        return None if text is None else utf8_text(text)
 
     def public(self) -> dict[str, Any]:
         """The JSON line of `evoenv validate --json`."""
@@ -156,6 +178,13 @@ class ValidateJob(Message):
     """Set for candidates written by the generator."""
     raw_b64: str | None = None
     """The file's bytes (base64) when they are not UTF-8 text: L1 judges them, not `source`."""
+
+    @field_validator("source")
+    @classmethod
+    def _without_byte_order_mark(cls, source: str) -> str:
+        """The text L1-L5 judge: a leading byte-order mark removed, so that what is stored,
+        hashed and run later (review, calibration, the pool) is that text too."""
+        return source.removeprefix("\ufeff")
 
     @classmethod
     def for_file(cls, job_id: str, file: str, data: bytes, **fields: Any) -> ValidateJob:
@@ -239,6 +268,10 @@ class SolverGroupData(BaseModel):
     orchestrator serves the environment one level easier."""
     env_error: str | None = None
     """Why the instance could not be made or graded (every completion is then env_error)."""
+    dishonest: str | None = None
+    """What the grader saw when the environment's scorer disagreed with itself on this
+    instance: a hidden probe scored wrong, or an answer scored again alone got another reward
+    (docs/CONTRACT.md#grades). The learner quarantines the environment and drops the group."""
 
 
 class GeneratorGroupData(BaseModel):

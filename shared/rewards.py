@@ -144,6 +144,22 @@ def _failure_figure(stage: str, settings: AdmissionSettings) -> float:
     }[stage]
 
 
+SOLVER_BOUNDS = (0.0, 1.0)
+"""A solver reward is a score in [0, 1] (docs/CONTRACT.md#grades)."""
+
+
+def generator_bounds(settings: AdmissionSettings) -> tuple[float, float]:
+    """The lowest and highest reward `generator_reward` can pay with `settings`: from the lowest
+    failure figure to `reward_pass` + the largest Q (1) + the largest B (gamma at the top of its
+    range), with a hair of slack for float rounding."""
+    failures = [_failure_figure(stage, settings) for stage in FAILURE_STAGES]
+    bonuses = [0.0, *(settings.bonus_scale * gamma for gamma in settings.gamma_range)]
+    low = min(*failures, settings.reward_pass + min(bonuses))
+    high = max(*failures, settings.reward_pass + 1.0 + max(bonuses))
+    slack = 1e-9 * max(1.0, abs(low), abs(high))
+    return low - slack, high + slack
+
+
 def mean_pairwise_similarity(matrix: Sequence[Sequence[float]]) -> float | None:
     """Mean of the similarities between distinct candidates of one group.
 

@@ -83,7 +83,7 @@ def check_static(data: bytes, max_bytes: int) -> StaticResult:
         return StaticResult(False, f"syntax error on line {exc.lineno}: {exc.msg}")
     except (ValueError, RecursionError, MemoryError) as exc:
         return StaticResult(False, f"the file does not parse: {exc}")
-    problem = _forbidden(tree)
+    problem = _forbidden(tree) or _introspection(tree)
     if problem:
         return StaticResult(False, problem)
     return _check_class(tree)
@@ -122,6 +122,120 @@ def _forbidden(tree: ast.Module) -> str | None:
     if not base_aliases:
         return "the file does not import Environment from shared.environment"
     return None
+
+
+INTROSPECTION_ATTRIBUTES = frozenset(
+    [
+        *("f_back", "f_builtins", "f_code", "f_globals", "f_locals", "f_trace", "f_lasti"),
+        *("f_lineno", "f_generator", "f_trace_lines", "f_trace_opcodes"),
+        *("settrace", "setprofile", "gettrace", "getprofile", "exc_info", "last_traceback"),
+        *("last_exc", "last_value", "last_type"),
+    ]
+)
+"""Attributes that reach frames, code objects and tracebacks: the runner's state, beyond what
+a routine is given (with the prefixes of `INTROSPECTION_PREFIXES`)."""
+INTROSPECTION_PREFIXES = ("co_", "gi_", "cr_", "ag_", "tb_")
+"""Code objects' (co_code, co_consts, ...), generators', coroutines', async generators' and
+tracebacks' attributes: gi_frame, cr_frame, ag_frame, tb_frame, tb_next, ..."""
+
+
+def _introspection(tree: ast.Module) -> str | None:
+    """Why the file reaches beyond what its routines are given, or None: an attribute that
+    leads to frames, code or tracebacks (`INTROSPECTION_ATTRIBUTES`), and any private
+    attribute (`_name`) but the object's own (`_own_private`), whether read as an attribute,
+    a keyword of a class pattern (`case C(f_back=x)`) or an imported name."""
+    own = _own_private(tree)
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", "?")
+        if isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif isinstance(node, ast.MatchClass):
+            names = list(node.kwd_attrs)
+        elif isinstance(node, ast.ImportFrom):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        for name in names:
+            if name in INTROSPECTION_ATTRIBUTES or name.startswith(INTROSPECTION_PREFIXES):
+                return (
+                    f"line {line}: the attribute {name!r} is forbidden (it reaches frames, code "
+                    "objects or tracebacks)"
+                )
+            if name.startswith("_") and not _is_dunder(name) and node not in own:
+                return (
+                    f"line {line}: the private attribute {name!r} is forbidden (only the "
+                    "object's own private attributes, through self or cls, are allowed)"
+                )
+    return None
+
+
+def _own_private(tree: ast.Module) -> set[ast.AST]:
+    """The private attribute nodes that are the object's own: `first._name`, where `first` is
+    the first parameter of a method (a function in a class body, not a staticmethod) bound
+    nowhere else in it, read directly in that method or in a function or lambda nested in it
+    that does not bind `first` again, and `_name` a name some class of the file defines (a
+    method, a class attribute, or an assignment to `first._name` in a method). Anything else
+    (a module's `random._os`, another object's `x._name`) is not."""
+    defined: set[str] = set()
+    methods: list[tuple[ast.FunctionDef | ast.AsyncFunctionDef, str]] = []
+    for cls in (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)):
+        for item in cls.body:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                defined.add(item.name)
+                first = _first_parameter(item)
+                if first is not None:
+                    methods.append((item, first))
+            targets = item.targets if isinstance(item, ast.Assign) else []
+            if isinstance(item, (ast.AnnAssign, ast.AugAssign)):
+                targets = [item.target]
+            defined.update(t.id for t in targets if isinstance(t, ast.Name))
+    candidates: list[ast.Attribute] = []
+    for method, first in methods:
+        rebound = any(
+            isinstance(node, ast.Name) and node.id == first and not isinstance(node.ctx, ast.Load)
+            for node in ast.walk(method)
+        )
+        if rebound:
+            continue
+        for node in _scope_walk(method, first):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == first
+                and node.attr.startswith("_")
+            ):
+                candidates.append(node)
+                if not isinstance(node.ctx, ast.Load):
+                    defined.add(node.attr)
+    return {node for node in candidates if node.attr in defined}
+
+
+def _first_parameter(method: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+    """The name of a method's first positional parameter (None: a staticmethod, or none)."""
+    if any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in method.decorator_list):
+        return None
+    positional = [*method.args.posonlyargs, *method.args.args]
+    return positional[0].arg if positional else None
+
+
+def _scope_walk(method: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> list[ast.AST]:
+    """The nodes of `method` where `name` is still its first parameter: not inside a nested
+    function or lambda that has a parameter of that name, nor inside a nested class."""
+    found: list[ast.AST] = []
+    pending: list[ast.AST] = list(ast.iter_child_nodes(method))
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.ClassDef):
+            continue
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            arguments = node.args
+            every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+            every += [a for a in (arguments.vararg, arguments.kwarg) if a is not None]
+            if any(a.arg == name for a in every):
+                continue
+        found.append(node)
+        pending.extend(ast.iter_child_nodes(node))
+    return found
 
 
 def _allowed_module(module: str) -> bool:
@@ -225,3 +339,15 @@ def _class_constants(lineage: list[ast.ClassDef]) -> dict[str, object]:
                     except (ValueError, TypeError, SyntaxError, RecursionError):
                         values[target.id] = "<not a literal>"
     return values
+
+
+def declared_oracle(data: bytes) -> str:
+    """The oracle the file's environment class declares, read from its syntax tree as L1 reads
+    it whatever else L1 finds in the file (`equality` where it declares none, or the file has
+    no single environment class): a grader's view of an environment admitted before a rule it
+    breaks."""
+    try:
+        tree = ast.parse(data.decode("utf-8-sig"))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return "equality"
+    return _check_class(tree).oracle

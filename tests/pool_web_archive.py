@@ -4,8 +4,15 @@ row, and a hostile (rejected) environment whose every model-written field holds 
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from shared.db import Archive
 from shared.env_stats import CalibrationFigures, DifficultySearch, EnvStats, Retirement
@@ -187,3 +194,39 @@ def build_archive(url: str) -> Built:
         adhoc=False,
     )
     return Built(archive, seed, admitted, retired, rejected, hostile, "job-l1")
+
+
+@contextlib.contextmanager
+def pool_served(folder: Path, url: str, user: str, password: str) -> Iterator[tuple[str, Path]]:
+    """`evoenv pool serve --port 0` with basic auth on the archive at `url`, as a subprocess:
+    its base URL and the file its log goes to. Stopped with SIGTERM on leaving."""
+    password_file = folder / "password"
+    password_file.write_text(password + "\n")
+    env = {
+        **os.environ,
+        "EVOENV_DATA_DIR": str(folder),
+        "EVOENV_DATABASE_URL": url,
+        "PYTHONUNBUFFERED": "1",
+    }
+    command = "from evoenv_cli import main; main()"
+    args = ["pool", "serve", "--port", "0", "--user", user, "--password-file", str(password_file)]
+    log = folder / "serve.log"
+    with log.open("w") as errors:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", command, *args],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            env=env,
+        )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "pool on http://127.0.0.1:PORT/", once it listens
+        if not line.startswith("pool on "):
+            pytest.fail(f"evoenv pool serve did not start: {line!r} {log.read_text()[-2000:]}")
+        yield line.split()[-1].rstrip("/"), log
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)
+    # uvicorn stops cleanly on SIGTERM, then raises it again: the exit status says so
+    assert proc.returncode in (0, -15), log.read_text()

@@ -30,11 +30,12 @@ from evoenv_worker import mechanical
 from evoenv_worker.grade import grade_group, read_grades
 from evoenv_worker.sandbox.host import OpResult, Sandbox, _Child, _to_result
 from evoenv_worker.sandbox.results import KINDS, MAX_DEPTH, MAX_INT_DIGITS, read_result
-from shared.config import Settings
+from shared.config import PoolSettings, Settings
 from shared.messages import CompletionRecord, EnvRef, SolverJob
 
 SOUND = Path(__file__).resolve().parent / "corpus" / "sound" / "int_score_count_distinct.py"
-SETTINGS = Settings()
+SETTINGS = Settings(validation={"secret": "the fuzz tests' validation secret"})
+"""The validation seeds, and so the ops of a validation (`OPS`), derive from the secret."""
 FUZZ = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 # ------------------------------------------------------------------------- what is written
@@ -185,7 +186,7 @@ def good_value(ops: list[dict[str, Any]], index: int) -> Any:
     raise AssertionError(f"the stages sent an op the model does not know: {kind}")
 
 
-OPS = 465
+OPS = 743
 """Ops one validation of the stand-in runs, L2 to L5 (describe first, L5's probes last)."""
 
 
@@ -365,7 +366,8 @@ def test_any_grade_result_ends_as_a_graded_group(data: Any) -> None:
         prompt="p",
         completions=[CompletionRecord(text=text) for text in texts],
     )
-    group = grade_group(OneResult(), job, SETTINGS)
+    unprobed = SETTINGS.model_copy(update={"pool": PoolSettings(probe_rate=0, rescore_rate=0)})
+    group = grade_group(OneResult(), job, unprobed)  # the one result answers the four answers
     for completion in group.completions:
         assert (completion.reward is None) == (completion.outcome == "env_error")
         if completion.reward is not None:

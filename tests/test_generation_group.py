@@ -28,6 +28,7 @@ from shared.messages import (
     ValidateJob,
     ValidationReport,
 )
+from shared.rollouts import EntryCheck
 
 SEEDS = Path(__file__).resolve().parents[1] / "seeds"
 RUN = "gen-test"
@@ -250,7 +251,9 @@ def test_admission_says_which_group_completed_and_the_task_layer_finalises_it(
     assert completed == CompletedGroup(RUN, "g5")
     assert ctx.redis().xlen(f"evoenv:{RUN}:rollouts") == 0  # not finalised by admission
     tasks.finalize_completed(ctx, completed)
-    assert ctx.redis().xlen(f"evoenv:{RUN}:rollouts") == 1
+    ((_, fields),) = ctx.redis().xrange(f"evoenv:{RUN}:rollouts")
+    # signed with the data folder's key, which the learner beside the worker checks it with
+    assert EntryCheck.of(ctx.settings).forged(f"evoenv:{RUN}:rollouts", fields) is None
     assert job_failed(ctx, "evoenv.review", {"not": "a stage job"}, "boom") is None
 
 

@@ -80,6 +80,16 @@ def test_seed_pool_retires_a_superseded_seed(archive: Archive, tmp_path: Path) -
     assert len(Pool(archive, PoolSettings()).seeds) == 10
 
 
+def test_a_seed_with_a_byte_order_mark_is_stored_as_the_text_l1_judged(
+    archive: Archive, tmp_path: Path
+) -> None:
+    text = (SEEDS_DIR / "sort_words.py").read_text("utf-8")
+    (tmp_path / "sort_words.py").write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    (sha,) = seed_pool(archive, tmp_path)
+    row = archive.environment(sha)
+    assert row is not None and row.source == text and row.sha == source_sha(text)
+
+
 def test_seed_pool_refuses_an_empty_or_broken_folder(archive: Archive, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="no seed"):
         seed_pool(archive, tmp_path)
@@ -183,6 +193,27 @@ def test_rotation_retires_after_the_configured_epochs(archive: Archive) -> None:
 
     assert pool.record_use(seeds[0], 1000) == "seed"  # seeds never retire
     assert seeds[0] in pool
+
+
+def test_a_dishonest_environment_is_quarantined_at_once_and_a_seed_is_not(
+    archive: Archive,
+) -> None:
+    seeds = seed_pool(archive, SEEDS_DIR)
+    (sha,) = add_admitted(archive, 1)
+    pool = Pool(archive, PoolSettings())
+    assert not pool.quarantined(sha)
+    why = "a hidden probe: the empty answer scored 1"
+    with structlog.testing.capture_logs() as logs:
+        assert pool.record_dishonest(sha, why) == "quarantined"  # no grading counted yet
+        assert pool.record_dishonest(seeds[0], why) == "seed"
+    row = archive.environment(sha)
+    assert row is not None and row.status == "quarantined" and row.stats.quarantine is not None
+    assert row.stats.quarantine.reason == f"dishonest: {why}"
+    assert sha not in pool and pool.quarantined(sha)
+    assert Pool(archive, PoolSettings()).quarantined(sha)  # read back from the archive
+    assert seeds[0] in pool and not pool.quarantined(seeds[0])
+    events = [(e["event"], e["env_sha"]) for e in logs]
+    assert events == [("env_quarantined", sha), ("seed_dishonest", seeds[0])]
 
 
 def test_quarantine_after_repeated_env_errors(archive: Archive) -> None:

@@ -8,15 +8,13 @@ from __future__ import annotations
 import base64
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
 import pytest
-from pool_web_archive import HOSTILE_NAME, Built, build_archive
+from pool_web_archive import HOSTILE_NAME, Built, build_archive, pool_served
 from support import missing
 
 if TYPE_CHECKING:
@@ -34,36 +32,9 @@ def served(tmp_path: Path) -> Iterator[tuple[str, Built]]:
     """`evoenv pool serve --port 0` with basic auth on a fresh archive; its base URL."""
     url = f"sqlite:///{tmp_path / 'archive.db'}"
     built = build_archive(url)
-    password = tmp_path / "password"
-    password.write_text(PASSWORD + "\n")
-    env = {
-        **os.environ,
-        "EVOENV_DATA_DIR": str(tmp_path),
-        "EVOENV_DATABASE_URL": url,
-        "PYTHONUNBUFFERED": "1",
-    }
-    command = "from evoenv_cli import main; main()"
-    args = ["pool", "serve", "--port", "0", "--user", USER, "--password-file", str(password)]
-    log = tmp_path / "serve.log"
-    with log.open("w") as errors:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", command, *args],
-            stdout=subprocess.PIPE,
-            stderr=errors,
-            text=True,
-            env=env,
-        )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # "pool on http://127.0.0.1:PORT/", once it listens
-        if not line.startswith("pool on "):
-            pytest.fail(f"evoenv pool serve did not start: {line!r} {log.read_text()[-2000:]}")
-        yield line.split()[-1].rstrip("/"), built
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=20)
-    # uvicorn stops cleanly on SIGTERM, then raises it again: the exit status says so
-    assert proc.returncode in (0, -15) and "Traceback" not in log.read_text(), log.read_text()
+    with pool_served(tmp_path, url, USER, PASSWORD) as (base, log):
+        yield base, built
+    assert "Traceback" not in log.read_text(), log.read_text()
 
 
 @pytest.fixture
@@ -127,15 +98,16 @@ def test_a_browser_clicks_through_the_pool_and_the_funnel_and_runs_nothing_hosti
         assert name in table
     unharmed()
 
-    # an environment: its highlighted source and a sample instance with its reference
+    # an environment: its highlighted source; its form asks for a sample instance
     driver.find_element(By.LINK_TEXT, "count_vowels").click()
     assert driver.find_element(By.TAG_NAME, "h1").text.startswith("count_vowels")
     assert "class CountVowels(Environment)" in driver.find_element(By.ID, "source").text
+    driver.find_element(By.CSS_SELECTOR, "form.sample-form button").click()
     sample = driver.find_element(By.ID, "sample").text
     assert "How many vowels are in" in sample and "reference answer" in sample
 
     # the hostile environment: its prompt and description shown as text, nothing run
-    driver.get(f"{base}/env/{built.hostile}")
+    driver.get(f"{base}/env/{built.hostile}?seed=0")
     assert HOSTILE_NAME in driver.find_element(By.TAG_NAME, "h1").text
     prompt = driver.find_element(By.CSS_SELECTOR, "pre.prompt").text
     assert "<script>window.pwned=1;" in prompt and "onerror=" in prompt

@@ -182,21 +182,20 @@ def test_files_is_the_default_and_the_selection_options_work(
     assert (tmp_path / "admitted" / "fragile_sum.py").read_text() == FRAGILE
 
 
+@pytest.mark.parametrize("name", ["../escaped", "sort_words\n"], ids=["path", "final-newline"])
 def test_a_name_that_is_not_snake_case_is_left_out_and_writes_nothing_elsewhere(
-    tmp_path: Path,
+    name: str, tmp_path: Path
 ) -> None:
     url = make_archive(tmp_path, admitted=False)
     archive = Archive(url)
-    source = FRAGILE.replace('"fragile_sum"', '"../escaped"')
-    row = EnvironmentRow(
-        sha=source_sha(source), name="../escaped", source=source, status="admitted"
-    )
+    source = FRAGILE.replace('"fragile_sum"', json.dumps(name))
+    row = EnvironmentRow(sha=source_sha(source), name=name, source=source, status="admitted")
     with archive.session() as session:
         session.add(row)
         session.commit()
     archive.engine.dispose()
     result = evoenv(environment_of(url), "pool", "export", tmp_path / "out" / "files")
-    assert "skipped '../escaped'" in result.output
+    assert f"skipped {name!r}" in result.output
     assert sorted(p.stem for p in (tmp_path / "out" / "files").glob("*.py")) == SEED_NAMES
     assert not (tmp_path / "out" / "escaped.py").exists()
 

@@ -4,6 +4,7 @@ sample cache, and the command's refusals (one line, exit 2)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import re
 import socket
@@ -16,7 +17,8 @@ import pytest
 from fastapi.testclient import TestClient
 from pool_web_archive import HOSTILE_STRINGS, PWN, SCRIPT, Built, build_archive
 
-from evoenv_cli.pool_web import SECURITY_HEADERS, create_app
+from evoenv_cli.pool_web import create_app
+from evoenv_cli.pool_web_guard import SECURITY_HEADERS
 from evoenv_cli.pool_web_sample import Sampler
 from shared.config import Settings
 from shared.ports import is_loopback
@@ -71,7 +73,7 @@ def test_an_environment_page_shows_source_sample_reports_lineage_and_history(
     client: TestClient, built: tuple[Built, Settings]
 ) -> None:
     b = built[0]
-    page = client.get(f"/env/{b.admitted}")
+    page = client.get(f"/env/{b.admitted}?seed=0")
     assert page.status_code == 200
     text = text_of(page.text)
     assert '<div class="highlight">' in page.text  # Pygments
@@ -88,6 +90,9 @@ def test_an_environment_page_shows_source_sample_reports_lineage_and_history(
     )
     by_name = client.get("/env/count_vowels")
     assert by_name.status_code == 200 and b.admitted in by_name.text
+    # without a seed nothing is sampled: a form to ask for one, at the serving difficulty
+    assert 'id="sample"' not in by_name.text and "none shown yet" in text_of(by_name.text)
+    assert 'name="seed" min="0" value="0"' in by_name.text and 'value="2"' in by_name.text
     seed_page = text_of(client.get(f"/env/{b.retired}").text)
     assert "parents: sort_words" in seed_page and "rotation" in seed_page
 
@@ -136,12 +141,13 @@ def test_nothing_the_model_wrote_reaches_a_page_unescaped(
 ) -> None:
     b = built[0]
     pages = ["/", "/?status=rejected", f"/env/{b.hostile}", "/funnel", "/funnel?stage=L5"]
-    pages += [f"/env/{b.admitted}", "/report/job-hostile", f"/env/{SCRIPT}", "/nowhere/<b>x</b>"]
+    pages += [f"/env/{b.hostile}?seed=0", f"/env/{b.admitted}", f"/env/{b.admitted}?seed=0"]
+    pages += ["/report/job-hostile", f"/env/{SCRIPT}", "/nowhere/<b>x</b>"]
     pages += [f"/funnel?stage={SCRIPT}", f"/?status={SCRIPT}", "/env/%3Cimg%20src=x%3E"]
     for path in pages:
         html = client.get(path).text
         assert_escaped(html)
-    hostile = client.get(f"/env/{b.hostile}").text
+    hostile = client.get(f"/env/{b.hostile}?seed=0").text
     # shown, as text: the name, the description, the rendered prompt, the reference, the trigger
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in hostile
     assert "&#34;&gt;&lt;img src=x onerror=&#34;document.title=" in hostile
@@ -219,7 +225,7 @@ def test_text_past_the_limit_is_cut(tmp_path: Path) -> None:
     assert row is not None
     sampler = Sampler(settings)
     try:
-        sample = sampler.sample(row.sha, row.source, 0, 10)
+        sample = asyncio.run(sampler.sample(row.sha, row.source, 0, 10))
     finally:
         sampler.close()
     assert sample.prompt.endswith("characters; the first 100 shown)")

@@ -22,8 +22,8 @@ from evoenv_cli.run_report import (
 )
 from evoenv_learner.held_out import wilson
 from shared.config import Settings
-from shared.db import Archive, MetricRow
-from shared.env_stats import CalibrationFigures, EnvStats
+from shared.db import Archive, MetricRow, source_sha
+from shared.env_stats import CalibrationFigures, EnvStats, Quarantine
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 RUN = "paper"
@@ -295,3 +295,47 @@ def test_the_headline_has_the_learners_peak_memory_per_step(tmp_path: Path) -> N
         "| learner's peak memory per step (its high-water mark) | mean 8.67 GiB, max 9.50 GiB at step 2 |"
         in text
     )
+
+
+def test_the_headline_counts_the_stream_entries_the_learner_dropped_over_restarts(
+    tmp_path: Path,
+) -> None:
+    archive = Archive(f"sqlite:///{tmp_path / 'archive.db'}")
+    funnel: dict[str, int] = {}
+    # the counters restart from 0 with each learner process: 2, then 3 + 1 after a restart
+    for step, forged, out in ((1, 0, 0), (2, 2, 1), (3, 3, 1), (4, 1, 0)):
+        values = train_values(step, funnel) | {
+            "forged_dropped": forged,
+            "out_of_range_dropped": out,
+        }
+        archive.record_metrics(RUN, step, "train", step, values)
+    text = write_report(archive, RUN, tmp_path / "run").markdown.read_text()
+    row = "| stream entries dropped: not signed by a worker / a reward out of range | 4 / 1 |"
+    assert row in text
+
+
+def test_the_report_names_the_environments_quarantined_as_dishonest(tmp_path: Path) -> None:
+    archive = Archive(f"sqlite:///{tmp_path / 'archive.db'}")
+    funnel: dict[str, int] = {}
+    for step, dropped in ((1, 0), (2, 3), (3, 1)):  # a learner restart before step 3
+        values = train_values(step, funnel) | {"quarantined_dropped": dropped}
+        archive.record_metrics(RUN, step, "train", step, values)
+    why = "a hidden probe: the empty answer scored 1"
+    for name, reason in (("lottery", f"dishonest: {why}"), ("flaky", "env_error rate")):
+        sha = archive.add_environment(name, f"# {name}\n", origin="generated")
+        quarantine = Quarantine(
+            reason=reason, gradings=8, env_errors=0, rate=0.0, threshold=0.2, at="2026-01-01"
+        )
+        stats = EnvStats(admitted_at=1.0, quarantine=quarantine)
+        archive.update_environment(sha, status="quarantined", stats=stats)
+    text = write_report(archive, RUN, tmp_path / "run").markdown.read_text()
+    row = (
+        "| environments quarantined as dishonest (a hidden probe or a re-score disagreed) / "
+        "groups of quarantined environments dropped untrained | 1 / 4 |"
+    )
+    assert row in text
+    funnel_section = text.split("## Admission funnel")[1].split("## ")[0]
+    assert "Admitted, then quarantined as dishonest in training: 1" in funnel_section
+    sha = source_sha("# lottery\n")
+    assert f"- `lottery` ({sha[:12]}): {why}" in funnel_section
+    assert "flaky" not in funnel_section

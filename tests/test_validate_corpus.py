@@ -29,13 +29,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 from support import cannot_open, missing, without_read_override
 
 from evoenv_worker.mechanical import validate_source
+from evoenv_worker.model_stages import trace_instance
 from evoenv_worker.sandbox.host import Sandbox
 from shared.config import Settings
 from shared.errors import SandboxUnavailable
-from shared.messages import MECHANICAL_STAGES, ValidationReport
+from shared.messages import MECHANICAL_STAGES, ValidateJob, ValidationReport
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tests" / "corpus"
@@ -45,6 +47,8 @@ CORPUS_OP_SECONDS = 2.0
 MAX_SOURCE_BYTES = 64 * 1024
 SOUND_BASE = CORPUS / "sound" / "int_score_count_distinct.py"
 """A sound source the byte-level cases below are built from."""
+CORPUS_SECRET = "the corpus's own validation secret"
+"""The validation seeds derive from it (not from the data folder's secret): the same everywhere."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +132,8 @@ BOM_CASE = Case("built/utf8_bom", b"\xef\xbb\xbf" + _sound_source(), Expectation
 def settings() -> Settings:
     base = Settings()
     sandbox = base.sandbox.model_copy(update={"op_seconds": CORPUS_OP_SECONDS})
-    return base.model_copy(update={"sandbox": sandbox})
+    validation = base.validation.model_copy(update={"secret": SecretStr(CORPUS_SECRET)})
+    return base.model_copy(update={"sandbox": sandbox, "validation": validation})
 
 
 @pytest.fixture(scope="module")
@@ -198,6 +203,17 @@ def test_validator_judges_corpus_file(case: Case, sandbox: Sandbox, settings: Se
 def test_validator_admits_utf8_with_bom(sandbox: Sandbox, settings: Settings) -> None:
     report = validate_source(BOM_CASE.data, "utf8_bom.py", sandbox, settings)
     _check(report, BOM_CASE)
+
+
+def test_a_file_with_a_bom_is_sent_on_as_the_text_l1_to_l5_judged(
+    sandbox: Sandbox, settings: Settings
+) -> None:
+    # The job `pool add` and `validate --queue` send: its source is what review, calibration
+    # and novelty run and what the archive stores (and export and the web page load).
+    job = ValidateJob.for_file("bom", "utf8_bom.py", BOM_CASE.data)
+    _check(validate_source(job.data, job.file, sandbox, settings), BOM_CASE)
+    assert job.source == _sound_source().decode("utf-8")
+    assert trace_instance(sandbox, job.source, job.file) is not None
 
 
 # ------------------------------------------------------------------------------------- the CLI

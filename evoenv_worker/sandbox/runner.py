@@ -578,7 +578,8 @@ def run_op(env: Any, op: Any, kept: dict[int, dict[str, Any]], index: int) -> di
     - solve {instance}: solve and answer_text for a given instance (the reference this
       environment gives another environment's instance: admission's same-oracle check). Its
       value is {"reference", "answer_text"}.
-    - grade {seed, difficulty, answers: [str | null, ...]}: the batched grading path (`_grade`).
+    - grade {seed, difficulty, answers: [str | null | probe, ...], cap}: the batched grading
+      path (`_grade`); a probe is filled in by the child (`_fill_probes`).
 
     The child writes every result as {"i", "ok", ...}: ok results carry "value" (and
     "seconds"); failed ones carry "kind" (exception, type, value, timeout, memory, crash,
@@ -734,6 +735,10 @@ def _grade(env: Any, op: dict[str, Any]) -> dict[str, Any]:
     a number in [0, 1] has a null outcome and its error in words in "errors" under its position
     (a string: JSON keys are strings). Those are per-answer failures: the op still succeeds.
 
+    An answer may also be a probe, {"probe": "reference" | "empty" | "perturbed"}, which the
+    child puts in place before any answer is scored (`_fill_probes`), in the list itself: the
+    scorer sees a probe as one more answer, and the host reads its outcome at its position.
+
     The op fails (like `instance`) only when sampling, solving, rendering or answer_text fails,
     or when `answers` is not a list; and, like any op, when the whole op overruns the time
     limit, runs the child out of memory or kills it: then no answer of it has a reward. Each
@@ -749,6 +754,8 @@ def _grade(env: Any, op: dict[str, Any]) -> dict[str, Any]:
     if not made["ok"]:
         return made
     value = made["value"]
+    if any(type(answer) is dict for answer in answers):
+        _fill_probes(env, value, answers, op.get("cap"))
     instance_copy = _copier(value["instance"], value["round_trip"]["instance"])
     reference_copy = _copier(value["reference"], value["round_trip"]["reference"])
     score = env.score
@@ -793,6 +800,40 @@ def _grade(env: Any, op: dict[str, Any]) -> dict[str, Any]:
         "answer_text": value["answer_text"],
     }
     return {"ok": True, "value": graded, "seconds": seconds}
+
+
+def _fill_probes(env: Any, value: dict[str, Any], answers: list[Any], cap: Any) -> None:
+    """Put each probe of `answers` in its place, as a solver's extracted answer (a null where
+    it has no text): "reference" is the instance's answer_text, "empty" the empty answer and
+    "perturbed" the first near miss of the reference (`perturbations`, the last one first: for
+    a list, its last scalar changed) that the environment's `answer_text` (else
+    `default_answer_text`) writes as another answer than the reference's. The empty and the
+    perturbed answers are null where they read as the reference."""
+    from shared.environment import ANSWER_CAP, default_answer_text, extract_answer, perturbations
+
+    limit = cap if type(cap) is int else ANSWER_CAP
+    reference = extract_answer(f"<answer>{value['answer_text']}</answer>", limit).answer
+    texts: dict[str, str | None] = {"reference": reference, "empty": None, "perturbed": None}
+    if reference != "":
+        texts["empty"] = ""
+    wanted = any(type(a) is dict and a.get("probe") == "perturbed" for a in answers)
+    for near in reversed(perturbations(value["reference"]) if wanted else []):
+        try:
+            text = env.answer_text(_copy(near, True))
+        except BaseException:  # noqa: BLE001 - written the framework's way instead, as L5 does
+            text = None
+        if type(text) is not str:
+            try:
+                text = default_answer_text(near)
+            except ValueError:  # an integer past Python's digit limit for `str`
+                continue
+        extracted = extract_answer(f"<answer>{text}</answer>", limit).answer
+        if extracted is not None and extracted != reference:
+            texts["perturbed"] = extracted
+            break
+    for position, answer in enumerate(answers):
+        if type(answer) is dict:
+            answers[position] = texts.get(str(answer.get("probe")))
 
 
 def _copier(value: Any, round_trips: bool) -> Callable[[], Any]:

@@ -26,6 +26,7 @@ from shared.errors import ServiceUnavailable
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".cache" / "evoenv"
+E2E_SECRET = "the end-to-end cluster's validation secret"
 
 
 @pytest.fixture(autouse=True)
@@ -58,6 +59,9 @@ def shared_cluster(
         # 25, and its long products fail either way (a 512-token cap took 2.5x the time).
         "EVOENV_ADMISSION__SAMPLING_SEED": "2",
         "EVOENV_GRPO__MAX_TOKENS": "64",
+        # L2-L5 and the model stages sample at seeds derived from this secret and the file: a
+        # fixed one gives every run the same seeds (a fresh clone would write a random one).
+        "EVOENV_VALIDATION__SECRET": E2E_SECRET,
     }
     settings = Settings(
         data_dir=CACHE,

@@ -2,16 +2,14 @@
 by `evoenv validate --all` locally and on the queues and by `evoenv pool add`; a flawed file is
 rejected at its stage, and a sound one it never solves at calibration.
 
-The sound file (`sum_or_long_product.py`) mixes sums of one-digit numbers, which the model gets
-right at its training temperature three times in four (18 of 24 with 64-token answers), with
-exact products of long integers, which it never gets right: its calibration pass rate lies
-strictly between 0 and 8 of 8 by design, not by luck. The cluster fixes the model stages'
-sampling seed (`EVOENV_ADMISSION__SAMPLING_SEED`) and caps calibration's answers at 64 tokens,
-so the same file meets the same calibration instances and the same sampled answers and reviews
-on every run: measured on an Intel Xeon with AMX (bfloat16 serving), 4 of 8 at difficulty 5
-with every review accepting, the same in 6 of 6 runs; about 28 s a run against 77 s with
-512-token answers. (Seed 0 drew one rejecting review of three; seeds 1 to 3 admitted it, with
-1, 4 and 5 of 8.)"""
+The sound file (`sum_or_long_product.py`) mixes sums of two `difficulty`-digit numbers, which
+the model often gets right, with exact products of long integers, which it never gets right:
+its calibration pass rate lies strictly between 0 and 8 of 8 (asserted below). The cluster
+fixes the model stages' sampling seed (`EVOENV_ADMISSION__SAMPLING_SEED`) and the validation
+secret the file's seeds derive from, and caps calibration's answers at 64 tokens, so the same
+file meets the same instances, sampled answers and reviews on every run (one-digit sums, with
+public seeds, were measured admitted in 6 of 6 runs on an Intel Xeon with AMX; the sums of
+`difficulty` digits passed all four tests in 318 s on an AMD EPYC with AVX2 only)."""
 
 from __future__ import annotations
 

@@ -9,11 +9,13 @@ import redis
 import redis.asyncio as aioredis
 
 from evoenv_learner.consumer import Dropped, RolloutConsumer
+from shared.config import Settings
 from shared.messages import GeneratorGroupData, GradedCompletion, GradedGroup
-from shared.rollouts import append_group
+from shared.rollouts import EntryCheck, append_group, sign
 
 pytestmark = pytest.mark.integration
 RUN = "test"
+CHECK = EntryCheck.of(Settings(stream_key="k" * 32))
 
 
 def group(group_id: str, version: int) -> GradedGroup:
@@ -42,7 +44,7 @@ def group(group_id: str, version: int) -> GradedGroup:
 def fill(url: str, groups: list[GradedGroup]) -> None:
     client = redis.Redis.from_url(url)
     for g in groups:
-        append_group(client, g)
+        append_group(client, g, CHECK.key)
     client.close()
 
 
@@ -52,6 +54,7 @@ def consumer(url: str, name: str, **kwargs: int) -> RolloutConsumer:
         RUN,
         name,
         max_staleness=kwargs.get("max_staleness", 4),
+        check=CHECK,
         claim_idle_ms=kwargs.get("claim_idle_ms", 60_000),
     )
 
@@ -216,8 +219,10 @@ def test_dropped_groups_are_handed_on_so_their_slots_are_freed(redis_url: str) -
     fill(redis_url, [stale_generator, group("solver-old", 1), group("fresh", 10)])
     client = redis.Redis.from_url(redis_url)
     stream = f"evoenv:{RUN}:rollouts"
-    client.xadd(stream, {"group": '{"group_id": "broken", "role": "generator", "run": 1}'})
-    client.xadd(stream, {"group": "not json"})  # names nothing: its slot waits for the deadline
+    for raw in (b'{"group_id": "broken", "role": "generator", "run": 1}', b"not json"):
+        # signed, as a worker of another schema version writes; the second names nothing: its
+        # slot waits for the deadline
+        client.xadd(stream, {"group": raw, "sig": sign(CHECK.key, stream, raw)})
     client.close()
 
     async def go() -> tuple[list[str], list[Dropped]]:

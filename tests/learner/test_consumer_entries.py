@@ -10,7 +10,11 @@ import redis.asyncio as aioredis
 import structlog.testing
 
 from evoenv_learner.consumer import Dropped, RolloutConsumer
+from shared.config import Settings
 from shared.messages import GeneratorGroupData
+from shared.rollouts import EntryCheck, sign
+
+CHECK = EntryCheck.of(Settings(stream_key="k" * 32))
 
 ENTRY = {
     "run": "r",
@@ -26,12 +30,13 @@ ENTRY = {
 
 def entry(version: int, data: dict[str, object], group_id: str) -> dict[bytes, bytes]:
     group = {**ENTRY, "schema_version": version, "group_id": group_id, "role": "generator"}
-    return {b"group": json.dumps({**group, "data": data}).encode()}
+    raw = json.dumps({**group, "data": data}).encode()
+    return {b"group": raw, b"sig": sign(CHECK.key, "evoenv:r:rollouts", raw).encode()}
 
 
 def consumer() -> RolloutConsumer:
     # never connects: `_accept` does not talk to Redis
-    return RolloutConsumer(aioredis.Redis.from_url("redis://127.0.0.1:1"), "r", "l", 4)
+    return RolloutConsumer(aioredis.Redis.from_url("redis://127.0.0.1:1"), "r", "l", 4, CHECK)
 
 
 def test_a_version_1_entry_is_trained_on() -> None:
@@ -47,11 +52,11 @@ def test_a_version_1_entry_is_trained_on() -> None:
 def test_an_entry_of_a_newer_version_is_dropped_with_one_line_and_acknowledged() -> None:
     c = consumer()
     with structlog.testing.capture_logs() as logs:
-        assert c._accept("1-0", entry(4, {}, "g3"), current_version=5) is None
-        assert c._accept("1-0", entry(4, {}, "g3"), current_version=5) is None  # redelivered
+        assert c._accept("1-0", entry(5, {}, "g3"), current_version=5) is None
+        assert c._accept("1-0", entry(5, {}, "g3"), current_version=5) is None  # redelivered
     (line,) = logs
     assert line["event"] == "rollout_unreadable" and line["log_level"] == "error"
-    assert "schema version 4; this EvoEnv reads versions 1-3" in line["error"]
+    assert "schema version 5; this EvoEnv reads versions 1-4" in line["error"]
     assert (c.stats.unreadable, c.stats.duplicates, c.stats.read) == (1, 1, 0)
     assert c.take_dropped() == [Dropped("g3", "generator", "unreadable")]  # its slot is freed
     assert c.take_for_checkpoint() == ["1-0"]  # acknowledged with the next checkpoint
@@ -63,6 +68,6 @@ def test_a_version_1_entry_whose_data_does_not_fit_names_the_versions() -> None:
         assert c._accept("2-0", entry(1, {"funnel": ["L1"], "x": 1}, "g4"), 5) is None
     (line,) = logs
     assert line["event"] == "rollout_malformed"
-    assert (line["schema_version"], line["reads_versions"]) == (1, "1-3")
+    assert (line["schema_version"], line["reads_versions"]) == (1, "1-4")
     assert c.take_dropped() == [Dropped("g4", "generator", "malformed")]
     assert c.take_for_checkpoint() == ["2-0"]

@@ -24,6 +24,7 @@ from evoenv_learner import loop
 from evoenv_learner.loop import LearnerState
 from shared.config import Settings
 from shared.rollouts import append_group
+from shared.stream_key import stream_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 RUN = "stale-at-step"
@@ -79,11 +80,11 @@ def test_a_group_that_aged_while_queued_is_dropped_at_the_step_and_generation_go
         )
         await until(lambda: bool(started), 180.0)  # the tiny model loaded: slow on a busy host
         state = started[0]
-        append_group(client, scored_pair(RUN, "old", state.version))
+        append_group(client, scored_pair(RUN, "old", state.version), stream_key(settings))
         await until(lambda: queued() == 1)  # read fresh, queued: its batch needs one more
         republish.set()  # a new version goes live while it waits
         await until(lambda: state.version == 1)
-        append_group(client, scored_pair(RUN, "new", 1))
+        append_group(client, scored_pair(RUN, "new", 1), stream_key(settings))
         await until(lambda: state.stale_at_step == 1)
         await until(lambda: state.funnel.get("expired", 0) >= 2 * 8)  # G = 8 candidates each
         signal.raise_signal(signal.SIGTERM)

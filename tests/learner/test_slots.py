@@ -67,6 +67,9 @@ class OnePool:
     def __contains__(self, sha: str) -> bool:
         return False
 
+    def quarantined(self, sha: str) -> bool:
+        return False
+
     def record_use(self, sha: str) -> None:
         pass
 

@@ -18,6 +18,7 @@ from evoenv_learner import loop
 from evoenv_learner.trainer import Trainer
 from shared.config import Settings
 from shared.rollouts import append_group
+from shared.stream_key import stream_key
 
 SERVER_PATHS = ["/pause", "/resume", "/collective_rpc", "/reset_prefix_cache"]
 
@@ -52,7 +53,12 @@ def test_a_step_logs_its_peak_memory_above_the_reading_after_it(
     client = redis.Redis.from_url(redis_url)
     try:
         state = asyncio.run(
-            loop.run(settings, on_start=lambda _: append_group(client, scored_pair(run, "g", 0)))
+            loop.run(
+                settings,
+                on_start=lambda _: append_group(
+                    client, scored_pair(run, "g", 0), stream_key(settings)
+                ),
+            )
         )
     finally:
         client.close()

@@ -17,6 +17,7 @@ from evoenv_learner import loop
 from evoenv_learner.loop import taking_turns
 from shared.config import Settings
 from shared.rollouts import append_group
+from shared.stream_key import stream_key
 
 
 class Servers:
@@ -116,7 +117,12 @@ def test_the_step_pushes_an_adapter_before_the_release_and_full_weights_after_it
     client = redis.Redis.from_url(redis_url)
     try:
         state = asyncio.run(
-            loop.run(settings, on_start=lambda _: append_group(client, scored_pair(run, "g", 0)))
+            loop.run(
+                settings,
+                on_start=lambda _: append_group(
+                    client, scored_pair(run, "g", 0), stream_key(settings)
+                ),
+            )
         )
     finally:
         client.close()

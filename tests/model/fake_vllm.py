@@ -16,11 +16,13 @@ class FakeServer:
 
     Unlisted paths answer `default` (500 unless set); a path in `delays` answers after that
     many seconds. Every request is recorded in `hits`, its path with the query string in
-    `targets`.
+    `targets`. With a `token`, a request to any path but /health without
+    `Authorization: Bearer TOKEN` answers 401, as `evoenv serve` with `serve.api_key` does.
     """
 
-    def __init__(self, default: int = 500) -> None:
+    def __init__(self, default: int = 500, token: str = "") -> None:
         self.default = default
+        self.token = token
         self.routes: dict[tuple[str, str], tuple[int, Any]] = {}
         self.delays: dict[str, float] = {}
         self.hits: list[tuple[str, str, Any]] = []
@@ -35,6 +37,9 @@ class FakeServer:
                 fake.hits.append((self.command, path, json.loads(raw) if raw else None))
                 fake.targets.append(self.path)
                 status, body = fake.routes.get((self.command, path), (fake.default, {"error": "x"}))
+                given = self.headers.get("authorization")
+                if fake.token and path != "/health" and given != f"Bearer {fake.token}":
+                    status, body = 401, {"error": "Unauthorized"}
                 time.sleep(fake.delays.get(path, 0.0))
                 data = json.dumps(body).encode()
                 self.send_response(status)

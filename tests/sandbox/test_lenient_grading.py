@@ -83,7 +83,7 @@ def counting(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 def test_lenient_answers_are_scored_by_the_environment_after_the_strict_grades(
     sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = Settings()
+    settings = Settings(pool={"probe_rate": 0.0, "rescore_rate": 0.0})  # the solver's ops only
     seed = even_seed(sandbox)
     calls = counting(sandbox, monkeypatch)
     group = grade_group(sandbox, job(seed), settings)
@@ -100,7 +100,7 @@ def test_lenient_answers_are_scored_by_the_environment_after_the_strict_grades(
 def test_nothing_is_scored_again_without_a_lenient_answer_or_an_instance(
     sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = Settings()
+    settings = Settings(pool={"probe_rate": 0.0, "rescore_rate": 0.0})  # the solver's ops only
     failed = grade_group(sandbox, job(0, difficulty=9), settings)
     tagged = job(0).model_copy(
         update={"completions": [CompletionRecord(text="<answer>even</answer>")]}

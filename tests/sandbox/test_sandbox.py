@@ -529,7 +529,8 @@ def _counting_runs(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> list[An
 def test_grade_group_grades_a_group_in_one_grade_op(
     sandbox: Sandbox, confined_settings: SandboxSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = Settings(sandbox=confined_settings)
+    # the solver's answers alone: the probes and re-scores are test_probes.py's
+    settings = Settings(sandbox=confined_settings, pool={"probe_rate": 0, "rescore_rate": 0})
     right, _ = right_answer(sandbox, 6, 2)
     texts = [f"<answer>{right}</answer>", "<answer>0</answer>", "no span", "<answer>raise</answer>"]
     job = SolverJob(

@@ -1,7 +1,8 @@
 """The one-machine story of the deploy scripts: Redis, a worker and Flower started with
 deploy/redis.sh, deploy/worker.sh and deploy/flower.sh, all reading one settings file
 (EVOENV_ENV_FILE); `evoenv validate --queue` jobs submitted and watched through Flower's API,
-which refuses requests without the basic-auth password."""
+which refuses requests without the basic-auth password. The Redis has a password, which every
+client takes from the URL and no log shows."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -32,6 +34,8 @@ from shared import keys
 pytestmark = pytest.mark.integration
 
 USER, PASSWORD = "evoenv", "s3cret-for-tests"
+REDIS_PASSWORD = "redis/p@ss:w0rd-for-tests"
+"""With characters a URL must quote: every client must unquote it, none strip it."""
 JOBS = 2
 
 
@@ -66,8 +70,9 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     folder = tmp_path_factory.mktemp("deploy")
     redis_port, flower_port = free_port(), free_port()
     settings = {
-        "EVOENV_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "EVOENV_REDIS_URL": f"redis://:{quote(REDIS_PASSWORD, safe='')}@127.0.0.1:{redis_port}/0",
         "EVOENV_REDIS_PORT": str(redis_port),
+        "EVOENV_REDIS_PASSWORD": REDIS_PASSWORD,
         "EVOENV_DATA_DIR": str(folder / "data"),
         "EVOENV_FLOWER__PORT": str(flower_port),
         "EVOENV_FLOWER__BASIC_AUTH": f"{USER}:{PASSWORD}",
@@ -172,3 +177,18 @@ def test_flower_refuses_requests_without_the_password(
     for path in ("/api/workers", "/api/queues/length", "/api/tasks", "/"):
         response = deployment.api(path, auth=auth)
         assert response.status_code == 401, (path, response.status_code)
+
+
+def test_the_deploy_redis_needs_its_password_and_no_log_shows_it(deployment: Deployment) -> None:
+    port = deployment.redis_url.rsplit(":", 1)[1].split("/")[0]
+    bare = redis.Redis.from_url(f"redis://127.0.0.1:{port}/0")
+    with pytest.raises(redis.AuthenticationError):
+        bare.ping()
+    bare.close()
+    status = run_cli("status", env=deployment.cli_env)
+    assert status.returncode == 0, status.stderr
+    assert ":***@" in status.stdout + status.stderr
+    shown = [status.stdout, status.stderr]
+    shown += [service.log.read_text(errors="replace") for service in deployment.services.values()]
+    for secret in (REDIS_PASSWORD, quote(REDIS_PASSWORD, safe="")):
+        assert not any(secret in text for text in shown)

@@ -18,7 +18,9 @@ class LastDigitOfProduct(Environment):
     max_difficulty = 10
 
     def sample(self, rng: random.Random, difficulty: int) -> dict:
-        return {"numbers": [rng.randint(100, 999) for _ in range(6)]}  # no difficulty anywhere
+        # no difficulty anywhere; odd last digits other than 5, so the product ends in any of
+        # 1, 3, 7, 9 (not in 0 as often as not): the references vary whatever the seeds
+        return {"numbers": [10 * rng.randint(10, 99) + rng.choice((1, 3, 7, 9)) for _ in range(6)]}
 
     def solve(self, instance: dict) -> int:
         product = 1

@@ -16,7 +16,7 @@ class FactorialTrailingZeros(Environment):
     max_difficulty = 10
 
     def sample(self, rng: random.Random, difficulty: int) -> dict:
-        return {"n": rng.randint(5, 10 ** (1 + difficulty // 2))}
+        return {"n": rng.randint(5, 25 * 10 ** (difficulty // 2))}
 
     def solve(self, instance: dict) -> int:
         n, zeros = instance["n"], 0

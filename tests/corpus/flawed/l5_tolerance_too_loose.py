@@ -1,7 +1,7 @@
 # expect: L5
 # why: a float answer is accepted within 60% of the reference, so the perturbed answer (1.5 times
-# the reference) is accepted although it differs from it.
-# detail: perturbed
+# the reference), or another instance's answer near it, is accepted although it differs from it.
+# detail: which differs from the reference
 """Average speed over a trip (an equality oracle with a far too loose tolerance)."""
 
 import random

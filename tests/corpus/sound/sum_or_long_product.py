@@ -1,8 +1,8 @@
 # expect: admitted
-# odd but sound: two kinds of instance in one environment, a sum of two small numbers (which a
-# small model gets right) and an exact product of two long numbers (which it never does), so a
-# solver's pass rate lies strictly between 0 and 1 at every difficulty.
-"""Compute a sum of two small integers or an exact product of two long ones (an equality
+# odd but sound: two kinds of instance in one environment, a sum of two short numbers (which a
+# small model often gets right) and an exact product of two long numbers (which it never does),
+# so a solver's pass rate lies strictly between 0 and 1 at every difficulty.
+"""Compute a sum of two short integers or an exact product of two long ones (an equality
 oracle: arithmetic)."""
 
 import random
@@ -12,16 +12,19 @@ from shared.environment import Environment
 
 class SumOrLongProduct(Environment):
     name = "sum_or_long_product"
-    description = "Compute either a sum of two small integers or a product of two long integers."
+    description = "Compute either a sum of two short integers or a product of two long integers."
     oracle = "equality"
     min_difficulty = 1
     max_difficulty = 10
 
     def sample(self, rng: random.Random, difficulty: int) -> dict:
-        # Half the instances are sums of one-digit numbers; the other half products of two
-        # integers of 8 + 4 * difficulty digits each.
+        # Half the instances are sums of two integers of `difficulty` digits (one digit at the
+        # minimum); the other half products of two integers of 8 + 4 * difficulty digits each.
+        # Both kinds grow with the difficulty, so L4 sees it matter whichever kinds the
+        # validation seeds draw.
         if rng.random() < 0.5:
-            return {"operation": "sum", "a": rng.randint(1, 9), "b": rng.randint(1, 9)}
+            low, high = 10 ** (difficulty - 1), 10**difficulty - 1
+            return {"operation": "sum", "a": rng.randint(low, high), "b": rng.randint(low, high)}
         digits = 8 + 4 * difficulty
         low, high = 10 ** (digits - 1), 10**digits - 1
         return {"operation": "product", "a": rng.randint(low, high), "b": rng.randint(low, high)}

@@ -1,0 +1,35 @@
+# expect: L2
+# why: the description holds a lone surrogate (U+DC80), which is no UTF-8 text: it cannot be
+# printed, stored as text or sent on.
+# detail: UTF-8
+# trigger: none
+"""Sum of the digits of a number (an equality oracle)."""
+
+import random
+import re
+
+from shared.environment import Environment
+
+
+class DigitSum(Environment):
+    name = "digit_sum"
+    description = "The sum of the decimal digits of a number \udc80."
+    oracle = "equality"
+    min_difficulty = 1
+    max_difficulty = 10
+
+    def sample(self, rng: random.Random, difficulty: int) -> dict:
+        return {"number": rng.randint(10, 10 ** (2 + difficulty))}
+
+    def solve(self, instance: dict) -> int:
+        return sum(int(digit) for digit in str(instance["number"]))
+
+    def render(self, instance: dict) -> str:
+        return (
+            f"What is the sum of the decimal digits of {instance['number']}?\n"
+            "Give the answer as a single integer."
+        )
+
+    def score(self, instance: dict, reference: int, answer: str) -> float:
+        match = re.fullmatch(r"\s*([0-9]{1,4})\s*", answer)
+        return 1.0 if match is not None and int(match.group(1)) == reference else 0.0
