@@ -3,7 +3,7 @@
 # the sandbox's, and integration tests (not `slow`); end-to-end tests (`slow`: the real model
 # and vLLM). Prints each tier's seconds at the end, and the 15 slowest tests of each run.
 #
-# EVOENV_TEST_DEADLINE (seconds since the epoch; .ci/run sets it to its start + 80 minutes):
+# EVOENV_TEST_DEADLINE (seconds since the epoch; .ci/run sets it to its start + 84 minutes):
 # a run still going then is interrupted cleanly (pytest tears its fixtures down), the test that
 # was running is named, and the script fails.
 #

@@ -70,10 +70,13 @@ UP_ENV = {
     # A generation group's admission takes minutes on two cores, while solver steps come a
     # minute or two apart: its versions must still be trainable when it arrives.
     "EVOENV_LEARNER__MAX_STALENESS": "64",
-    # A generator group is trained only when its candidates' rewards differ (some pass L1-L4,
-    # some not): 4 of the 10 groups that arrived in a 30-minute run of the defaults. Four in
-    # flight instead of two make a run without one unlikely before the deadline.
-    "EVOENV_LEARNER__GENERATOR_GROUPS_IN_FLIGHT": "4",
+    # A generator group is trained only when its candidates' rewards differ (they fail at
+    # different stages, or some pass): with native bfloat16, four in flight instead of two make
+    # a run without one unlikely before the deadline. Without it (float32 serving at about 33
+    # tokens/s for every request together), four groups' 16 proposals of up to 1,024 tokens
+    # took 29 minutes to arrive, at the deadline: there the default two (8 proposals) come
+    # sooner, and failures graded by stage give most groups a spread.
+    "EVOENV_LEARNER__GENERATOR_GROUPS_IN_FLIGHT": "4" if native_bf16(cpu_flags()) else "2",
     # The learner killed once a checkpoint exists resumes from it: one every two steps puts the
     # kill within the three steps the run waits for anyway.
     "EVOENV_LEARNER__CHECKPOINT_EVERY": "2",
