@@ -6,11 +6,14 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from evoenv_worker.sandbox.host import Sandbox
+from shared.config import SandboxSettings
+from shared.errors import SandboxUnavailable
 from shared.ports import free_port as free_port  # re-exported for the tests
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
@@ -21,6 +24,17 @@ def missing(what: str) -> None:
     if IN_CI:
         pytest.fail(f"{what} (required under CI=true)")
     pytest.skip(what)
+
+
+def started_sandbox(settings: SandboxSettings) -> Iterator[Sandbox]:
+    """A module's sandbox fixture: started (or `missing`), closed when the module is done."""
+    box = Sandbox(settings)
+    try:
+        box.start()
+    except SandboxUnavailable as exc:
+        missing(f"the sandbox cannot start: {exc}")
+    yield box
+    box.close()
 
 
 def without_read_override() -> list[str]:

@@ -30,13 +30,12 @@ from typing import Any
 
 import pytest
 from pydantic import SecretStr
-from support import cannot_open, missing, without_read_override
+from support import cannot_open, started_sandbox, without_read_override
 
 from evoenv_worker.mechanical import validate_source
 from evoenv_worker.model_stages import trace_instance
 from evoenv_worker.sandbox.host import Sandbox
 from shared.config import Settings
-from shared.errors import SandboxUnavailable
 from shared.messages import MECHANICAL_STAGES, ValidateJob, ValidationReport
 
 REPO = Path(__file__).resolve().parents[1]
@@ -138,13 +137,7 @@ def settings() -> Settings:
 
 @pytest.fixture(scope="module")
 def sandbox(settings: Settings) -> Iterator[Sandbox]:
-    box = Sandbox(settings.sandbox)
-    try:
-        box.start()
-    except SandboxUnavailable as exc:
-        missing(f"the sandbox cannot start: {exc}")
-    yield box
-    box.close()
+    yield from started_sandbox(settings.sandbox)
 
 
 def _check_trigger(report: ValidationReport, expect: Expectation) -> None:

@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import missing
+from support import started_sandbox
 
 from evoenv_cli.envs import EXIT_ERROR, exit_code, validate_locally
 from evoenv_worker import running_checks
 from evoenv_worker.mechanical import validate_source
 from evoenv_worker.sandbox.host import Sandbox
 from shared.config import Settings
-from shared.errors import EnvironmentOutputError, SandboxUnavailable
+from shared.errors import EnvironmentOutputError
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 SOUND = CORPUS / "sound" / "int_score_count_distinct.py"
@@ -33,13 +33,7 @@ def settings() -> Settings:
 
 @pytest.fixture(scope="module")
 def sandbox(settings: Settings) -> Iterator[Sandbox]:
-    box = Sandbox(settings.sandbox)
-    try:
-        box.start()
-    except SandboxUnavailable as exc:
-        missing(f"the sandbox cannot start: {exc}")
-    yield box
-    box.close()
+    yield from started_sandbox(settings.sandbox)
 
 
 def _raising(exc: Exception) -> Any:

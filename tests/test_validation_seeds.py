@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 from pydantic import SecretStr
-from support import missing
+from support import started_sandbox
 
 from evoenv_worker import running_checks
 from evoenv_worker.mechanical import SourceRunner, validate_source
 from evoenv_worker.sandbox.host import Sandbox
 from shared.config import Settings
 from shared.environment import TRAIN_SEEDS
-from shared.errors import SandboxUnavailable, UsageError
+from shared.errors import UsageError
 from shared.validation_seeds import KEY_FILE, validation_secret, validation_seeds
 
 RECOGNISER = (
@@ -57,13 +57,7 @@ def test_a_secret_set_in_the_settings_wins_and_writes_nothing(tmp_path: Path) ->
 
 @pytest.fixture(scope="module")
 def sandbox() -> Iterator[Sandbox]:
-    box = Sandbox(Settings().sandbox)
-    try:
-        box.start()
-    except SandboxUnavailable as exc:
-        missing(f"the sandbox cannot start: {exc}")
-    yield box
-    box.close()
+    yield from started_sandbox(Settings().sandbox)
 
 
 def test_an_environment_honest_only_on_public_seeds_fails_l5_on_its_own(

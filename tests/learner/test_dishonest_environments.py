@@ -18,7 +18,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 from structlog.testing import capture_logs
-from support import missing
+from support import started_sandbox
 
 from evoenv_learner.consumer import RolloutConsumer
 from evoenv_learner.loop import Learner, LearnerState
@@ -28,7 +28,6 @@ from evoenv_worker.grade import grade_group
 from evoenv_worker.sandbox.host import Sandbox
 from shared.config import Settings
 from shared.db import Archive, source_sha
-from shared.errors import SandboxUnavailable
 from shared.messages import CompletionRecord, EnvRef, GradedGroup, SolverJob
 from shared.rollouts import EntryCheck, append_group
 
@@ -42,13 +41,7 @@ DIFFICULTY = 2
 
 @pytest.fixture(scope="module")
 def sandbox() -> Iterator[Sandbox]:
-    box = Sandbox(Settings().sandbox)
-    try:
-        box.start()
-    except SandboxUnavailable as exc:
-        missing(f"the sandbox cannot start: {exc}")
-    yield box
-    box.close()
+    yield from started_sandbox(Settings().sandbox)
 
 
 class Trainer:
