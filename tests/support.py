@@ -6,7 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -14,6 +14,7 @@ import pytest
 from evoenv_worker.sandbox.host import Sandbox
 from shared.config import SandboxSettings
 from shared.errors import SandboxUnavailable
+from shared.messages import GeneratorGroupData, GradedCompletion, GradedGroup
 from shared.ports import free_port as free_port  # re-exported for the tests
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
@@ -76,3 +77,34 @@ def stop_servers() -> None:
     CI run the learner was killed for memory with the small model's server still up)."""
     while _SERVERS:
         _SERVERS.pop()()
+
+
+def graded_group(
+    role: str, rewards: Sequence[float | None], *, run: str = "r", group_id: str = "g1"
+) -> GradedGroup:
+    """A graded group of `role` whose completions earned `rewards` (None: an environment error),
+    as a worker appends it to the rollout stream."""
+    completions = [
+        GradedCompletion(
+            text="t",
+            token_ids=[1],
+            logprobs=[-0.1],
+            reward=reward,
+            outcome="env_error" if reward is None else "scored",
+        )
+        for reward in rewards
+    ]
+    data = GeneratorGroupData(funnel=["L1"] * len(rewards), gamma=2.0)
+    return GradedGroup(
+        run=run,
+        group_id=group_id,
+        role=role,  # type: ignore[arg-type]
+        env_name="e",
+        env_sha="s",
+        seed=0,
+        difficulty=1,
+        prompt="p",
+        policy_version=0,
+        completions=completions,
+        **({"data": data} if role == "generator" else {}),  # type: ignore[arg-type]
+    )

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from support import graded_group
 
 from shared.config import AdmissionSettings, Settings
 from shared.errors import UsageError
-from shared.messages import GeneratorGroupData, GradedCompletion, GradedGroup
+from shared.messages import GradedGroup
 from shared.rewards import generator_bounds, generator_reward
 from shared.rollouts import EntryCheck, sign
 from shared.stream_key import KEY_FILE, key_id, stream_key
@@ -24,29 +25,7 @@ STREAM = "evoenv:r:rollouts"
 
 
 def group(role: str = "solver", rewards: tuple[float | None, ...] = (1.0, 0.0)) -> GradedGroup:
-    completions = [
-        GradedCompletion(
-            text="t",
-            policy_version=0,
-            reward=reward,
-            outcome="env_error" if reward is None else "scored",
-        )
-        for reward in rewards
-    ]
-    data = GeneratorGroupData(funnel=["L1"] * len(rewards), gamma=2.0)
-    return GradedGroup(
-        run="r",
-        group_id="g1",
-        role=role,  # type: ignore[arg-type]
-        env_name="e",
-        env_sha="s",
-        seed=0,
-        difficulty=1,
-        prompt="p",
-        policy_version=0,
-        completions=completions,
-        **({"data": data} if role == "generator" else {}),  # type: ignore[arg-type]
-    )
+    return graded_group(role, rewards)
 
 
 def signed(entry: GradedGroup, key: bytes = CHECK.key) -> dict[bytes, bytes]:

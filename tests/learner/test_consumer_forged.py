@@ -10,11 +10,12 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 import structlog.testing
+from support import graded_group
 
 from evoenv_learner.consumer import Dropped, RolloutConsumer
 from shared import keys
 from shared.config import Settings
-from shared.messages import GeneratorGroupData, GradedCompletion, GradedGroup
+from shared.messages import GradedGroup
 from shared.rollouts import EntryCheck, append_group, sign
 from shared.stream_key import key_id
 
@@ -26,24 +27,7 @@ OTHER_KEY = b"o" * 32
 
 
 def group(group_id: str, rewards: list[float], role: str = "solver") -> GradedGroup:
-    completions = [
-        GradedCompletion(text="t", token_ids=[1], logprobs=[-0.1], reward=r, outcome="scored")
-        for r in rewards
-    ]
-    data = GeneratorGroupData(funnel=["L1"] * len(rewards), gamma=2.0)
-    return GradedGroup(
-        run=RUN,
-        group_id=group_id,
-        role=role,  # type: ignore[arg-type]
-        env_name="e",
-        env_sha="s",
-        seed=0,
-        difficulty=1,
-        prompt="p",
-        policy_version=0,
-        completions=completions,
-        **({"data": data} if role == "generator" else {}),  # type: ignore[arg-type]
-    )
+    return graded_group(role, rewards, run=RUN, group_id=group_id)
 
 
 def write_entries(client: redis.Redis) -> None:
