@@ -91,6 +91,16 @@ def test_a_browser_clicks_through_the_pool_and_the_funnel_and_runs_nothing_hosti
         assert driver.execute_script("return window.pwned === undefined")
         assert "pwned" not in driver.title
 
+    def follow(by: str, value: str) -> None:
+        """Click what leads to another page and wait until that page replaced this one: a
+        click returns before its navigation ends, and the sample page waits on a sandbox."""
+        from selenium.webdriver.support import expected_conditions
+        from selenium.webdriver.support.wait import WebDriverWait
+
+        page = driver.find_element(By.TAG_NAME, "html")
+        driver.find_element(by, value).click()
+        WebDriverWait(driver, 60).until(expected_conditions.staleness_of(page))
+
     # the pool: every environment listed, the hostile name shown as text
     driver.get(f"{base}/")
     table = driver.find_element(By.CSS_SELECTOR, "table.pool").text
@@ -99,11 +109,13 @@ def test_a_browser_clicks_through_the_pool_and_the_funnel_and_runs_nothing_hosti
     unharmed()
 
     # an environment: its highlighted source; its form asks for a sample instance
-    driver.find_element(By.LINK_TEXT, "count_vowels").click()
+    follow(By.LINK_TEXT, "count_vowels")
     assert driver.find_element(By.TAG_NAME, "h1").text.startswith("count_vowels")
     assert "class CountVowels(Environment)" in driver.find_element(By.ID, "source").text
-    driver.find_element(By.CSS_SELECTOR, "form.sample-form button").click()
-    sample = driver.find_element(By.ID, "sample").text
+    follow(By.CSS_SELECTOR, "form.sample-form button")
+    shown = driver.find_elements(By.ID, "sample")
+    assert shown, driver.find_element(By.TAG_NAME, "main").text  # what the page said instead
+    sample = shown[0].text
     assert "How many vowels are in" in sample and "reference answer" in sample
 
     # the hostile environment: its prompt and description shown as text, nothing run
@@ -115,16 +127,16 @@ def test_a_browser_clicks_through_the_pool_and_the_funnel_and_runs_nothing_hosti
     unharmed()
 
     # the funnel, and one click to a rejected candidate's stage and trigger
-    driver.find_element(By.LINK_TEXT, "admission funnel").click()
+    follow(By.LINK_TEXT, "admission funnel")
     counts = driver.find_element(By.CSS_SELECTOR, "table.funnel").text
     assert "L3 1" in counts and "L1 1" in counts
-    driver.find_element(By.LINK_TEXT, "broken_grid").click()
+    follow(By.LINK_TEXT, "broken_grid")
     stopped = driver.find_element(By.ID, "stopped").text
     assert "stopped at L3" in stopped and "seed 3, difficulty 2, answer 7" in stopped
     driver.back()
-    driver.find_element(By.LINK_TEXT, "candidate_g1_1.py").click()
+    follow(By.LINK_TEXT, "candidate_g1_1.py")
     assert "stopped at L1: no Environment subclass" in driver.find_element(By.TAG_NAME, "main").text
     driver.get(f"{base}/funnel")
-    driver.find_element(By.LINK_TEXT, HOSTILE_NAME).click()
+    follow(By.LINK_TEXT, HOSTILE_NAME)
     assert "stopped at L5" in driver.find_element(By.ID, "stopped").text
     unharmed()
