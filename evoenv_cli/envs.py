@@ -19,7 +19,7 @@ from evoenv_cli.source_file import read_source, source_text
 from evoenv_cli.terminal_text import cell, plain
 from evoenv_worker.sandbox.host import Sandbox
 from shared.config import Settings
-from shared.environment import build_prompt
+from shared.environment import MAX_SEED, build_prompt
 from shared.errors import SandboxFailure, SandboxUnavailable, UsageError
 from shared.messages import ValidationReport
 
@@ -122,7 +122,7 @@ def seeds(
 def sample(
     ctx: typer.Context,
     env: str = typer.Argument(..., help="A seed name or an environment file."),
-    seed: int = typer.Option(0, "--seed", "-s", help="Instance seed."),
+    seed: int = typer.Option(0, "--seed", "-s", min=0, max=MAX_SEED, help="Instance seed."),
     difficulty: int | None = typer.Option(
         None, "--difficulty", "-d", help="Difficulty (default: the middle of the range)."
     ),
@@ -223,30 +223,42 @@ def validate_locally(
     """Validate each file in this process, printing each report as it is done."""
     import uuid
 
+    from evoenv_cli.services import missing_service
     from evoenv_worker.context import WorkerContext
     from evoenv_worker.mechanical import validate_source
     from evoenv_worker.verdict import conclude, run_locally
     from shared.messages import ValidateJob
 
+    if wanted or add_to_pool:  # the Redis of a running `evoenv up`, unless one is set
+        from evoenv_cli.up_record import choose_redis
+
+        settings = settings.model_copy(update={"redis_url": choose_redis(settings).redis_url})
     context = WorkerContext(settings)
     reports: list[ValidationReport] = []
+    missing: list[str | None] = []  # asked once, at the first file that passes L1-L5
     try:
         for path, data in blobs:
             progress = _progress(path) if sys.stderr.isatty() and not as_json else None
+            report: ValidationReport | None = None
             try:
                 report = validate_source(data, str(path), context.sandbox(), settings, progress)
                 job = ValidateJob.for_file(
                     str(uuid.uuid4()), str(path), data, add_to_pool=add_to_pool
                 )
-                if wanted and report.verdict == "admitted":
-                    report = run_locally(context, job, report, wanted)
-                if add_to_pool:
-                    report = conclude(context, job, report)
+                if (wanted or add_to_pool) and report.verdict == "admitted":
+                    if not missing:
+                        missing.append(missing_service(settings, wanted, add_to_pool))
+                    if missing[0] is not None:
+                        report = _errored(path, missing[0], report)
+                    elif wanted:
+                        report = run_locally(context, job, report, wanted)
+                if add_to_pool and report.verdict != "error":
+                    report = conclude(context, job, report, in_redis=False)
             except (SandboxUnavailable, SandboxFailure) as exc:
-                report = _error_report(path, str(exc))
+                report = _errored(path, str(exc), report)
             except Exception as exc:  # one file's failure never takes the others' reports down
                 log.info("validation_failed", file=str(path), exc_info=True)  # with --verbose
-                report = _error_report(path, f"{type(exc).__name__}: {str(exc)[:500]}")
+                report = _errored(path, f"{type(exc).__name__}: {str(exc)[:500]}", report)
             if progress is not None:
                 err.file.write("\r\033[K")
             reports.append(report)
@@ -259,17 +271,14 @@ def validate_locally(
     return reports
 
 
-def _error_report(path: Path, error: str) -> ValidationReport:
-    """The report of a file whose check could not run or failed (never the file's fault)."""
-    return ValidationReport(
-        file=str(path),
-        name=None,
-        verdict="error",
-        failed_stage=None,
-        stages=[],
-        isolated=False,
-        error=error,
-    )
+def _errored(path: Path, error: str, report: ValidationReport | None) -> ValidationReport:
+    """The report of a file whose check could not run or failed (never the file's fault): the
+    stages it passed kept, and whether they ran confined; with none run, nothing ran unconfined."""
+    if report is None:
+        return ValidationReport(
+            file=str(path), name=None, verdict="error", failed_stage=None, stages=[], error=error
+        )
+    return report.model_copy(update={"verdict": "error", "failed_stage": None, "error": error})
 
 
 def exit_code(reports: list[ValidationReport]) -> int:

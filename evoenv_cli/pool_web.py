@@ -30,6 +30,7 @@ from evoenv_cli.pool_web_guard import Guard, credentials
 from evoenv_cli.pool_web_sample import Described, Sample, Sampler, truncate
 from shared.config import Settings, mask_url
 from shared.db import ENV_STATUSES, Archive, EnvironmentRow
+from shared.environment import MAX_SEED
 from shared.errors import SandboxFailure, SandboxUnavailable, UsageError
 from shared.ports import is_loopback
 
@@ -37,7 +38,6 @@ log = structlog.get_logger(__name__)
 
 FAILED = "this page failed; the server's log says why."
 TEMPLATES = "templates/pool"
-MAX_SEED = 2**62
 UNENCODABLE = re.compile("[\ud800-\udfff]")
 """What no UTF-8 text can carry: lone surrogates (code points of a UTF-16 pair)."""
 

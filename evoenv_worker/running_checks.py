@@ -483,11 +483,8 @@ def check_nontrivial(items: Sequence[Item], meta: Meta, settings: ValidationSett
             f"{meta.min_difficulty} (ratio {ratio:.2f}, at least "
             f"{settings.min_length_ratio} required)",
         )
-    leaks = [
-        item
-        for item in items
-        if len(item.answer_text) >= settings.leak_min_chars and item.answer_text in item.prompt
-    ]
+    checked = [item for item in items if len(item.answer_text) >= settings.leak_min_chars]
+    leaks = [item for item in checked if item.answer_text in item.prompt]
     if len(leaks) > settings.leak_max_fraction * len(items):
         return Check(
             False,
@@ -495,11 +492,17 @@ def check_nontrivial(items: Sequence[Item], meta: Meta, settings: ValidationSett
             f"{len(leaks)} of {len(items)} prompts",
             leaks[0].trigger,
         )
+    shorter = f"answers shorter than {settings.leak_min_chars} characters"
+    if not checked:
+        leaked = f"the answer text in the prompt: not checked ({shorter})"
+    else:
+        leaked = f"{len(leaks)} of {len(checked)} prompts contain the answer text"
+        if len(checked) < len(items):
+            leaked += f" ({len(items) - len(checked)} {shorter} not checked)"
     return Check(
         True,
-        f"references and prompts vary; length ratio {ratio:.2f}; "
-        f"{len(leaks)} of {len(items)} prompts contain the answer text",
-        data={"length_ratio": round(ratio, 3), "leaks": len(leaks)},
+        f"references and prompts vary; length ratio {ratio:.2f}; {leaked}",
+        data={"length_ratio": round(ratio, 3), "leaks": len(leaks), "leak_checked": len(checked)},
     )
 
 

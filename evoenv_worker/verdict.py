@@ -265,13 +265,17 @@ def conclude_job(ctx: WorkerContext, job: ValidateJob, report: ValidationReport)
     return Concluded(conclude(ctx, job, report), join_group(ctx, job, report))
 
 
-def conclude(ctx: WorkerContext, job: ValidateJob, report: ValidationReport) -> ValidationReport:
-    """Store the final report; admit a `pool add`. A generated candidate's generation group is
-    not touched here: the admission flow goes through `conclude_job`."""
-    client, archive = ctx.redis(), ctx.archive()
+def conclude(
+    ctx: WorkerContext, job: ValidateJob, report: ValidationReport, *, in_redis: bool = True
+) -> ValidationReport:
+    """Store the final report (in Redis too with `in_redis`, where `evoenv job` reads a queued
+    job's); admit a `pool add`. A generated candidate's generation group is not touched here:
+    the admission flow goes through `conclude_job`."""
+    archive = ctx.archive()
     sha = source_sha(job.source)
     public = report.model_copy(update={"stages": [_without_embedding(s) for s in report.stages]})
-    client.set(keys.final_report(job.job_id), public.model_dump_json(), ex=KEEP_SECONDS)
+    if in_redis:
+        ctx.redis().set(keys.final_report(job.job_id), public.model_dump_json(), ex=KEEP_SECONDS)
     if report.verdict != "error":
         archive.record_validation(job.job_id, sha, public, adhoc=job.adhoc)
     if job.add_to_pool and report.verdict == "admitted" and report.name:

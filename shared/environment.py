@@ -18,6 +18,7 @@ __all__ = [
     "ANSWER_CAP",
     "ANSWER_INSTRUCTION",
     "EVAL_SEEDS",
+    "MAX_SEED",
     "ORACLE_KINDS",
     "TRAIN_SEEDS",
     "Environment",
@@ -44,6 +45,8 @@ TRAIN_SEEDS = range(0, 1_000_000_000)
 
 EVAL_SEEDS = range(1_000_000_000, 2_000_000_000)
 """Seeds reserved for held-out evaluation: disjoint from `TRAIN_SEEDS`, never trained on."""
+MAX_SEED = 2**62
+"""The largest seed `evoenv sample` and the pool's web page take; seeds start at 0."""
 
 ANSWER_CAP = 4096
 """Default maximum length, in characters, of an extracted answer; longer is a format error."""

@@ -1,0 +1,118 @@
+"""The CLI as a newcomer meets it (docs/commands.md), through the real command line: a local
+admission whose later stages lack a service runs L1-L5, reports a rejection as one, and names
+the missing service in one line before it loads the embedding model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support import free_port, started_sandbox
+
+from evoenv_worker.sandbox.host import Sandbox
+from shared.config import SandboxSettings
+
+REPO = Path(__file__).resolve().parents[1]
+SOUND = REPO / "tests" / "corpus" / "sound" / "sum_or_long_product.py"
+EMBEDDING_LOAD = "Loading weights"
+"""What loading the embedding model prints (the novelty stage's first step)."""
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[Sandbox]:
+    yield from started_sandbox(SandboxSettings())
+
+
+def _evoenv(tmp_path: Path, *args: str | Path, **settings: str) -> subprocess.CompletedProcess[str]:
+    """`evoenv ARGS` in a subprocess with a data folder of its own and `settings`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVOENV_")}
+    env.update(EVOENV_DATA_DIR=str(tmp_path / "data"), **settings)
+    return subprocess.run(
+        [sys.executable, "-c", "from evoenv_cli import main; main()", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO,
+        env=env,
+        check=False,
+    )
+
+
+def _syntax_error(tmp_path: Path) -> Path:
+    path = tmp_path / "broken.py"
+    path.write_text(SOUND.read_text().replace("class SumOrLongProduct", "class SumOr LongProduct"))
+    return path
+
+
+def _one_error_line(output: str) -> str:
+    lines = [line.strip() for line in output.splitlines() if line.strip().startswith("error:")]
+    assert len(lines) == 1, output
+    return lines[0]
+
+
+@pytest.mark.usefixtures("sandbox")
+def test_pool_add_without_redis_runs_l1_l5_and_names_redis_before_loading_anything(
+    tmp_path: Path,
+) -> None:
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    done = _evoenv(tmp_path, "pool", "add", SOUND, EVOENV_REDIS_URL=dead)
+    assert done.returncode == 3, done.stdout + done.stderr
+    line = _one_error_line(done.stdout)
+    assert "pool add needs Redis at" in line and "EVOENV_REDIS_URL" in line and dead in line
+    assert "evoenv up" in line
+    for stage in ("L1", "L2", "L3", "L4", "L5"):  # the report L1-L5 gave is kept
+        assert f"  {stage} " in done.stdout and "ok" in done.stdout
+    assert "unconfined" not in done.stdout
+    assert EMBEDDING_LOAD not in done.stdout + done.stderr
+    assert "ConnectionError" not in done.stdout + done.stderr
+
+    rejected = _evoenv(tmp_path, "pool", "add", _syntax_error(tmp_path), EVOENV_REDIS_URL=dead)
+    assert rejected.returncode == 1, rejected.stdout + rejected.stderr
+    assert rejected.stdout.startswith("REJECTED at L1"), rejected.stdout
+    assert "Redis" not in rejected.stdout + rejected.stderr
+
+
+@pytest.mark.usefixtures("sandbox")
+@pytest.mark.parametrize("stage", ["--review", "--calibrate"])
+def test_validate_names_the_model_server_it_cannot_reach(
+    tmp_path: Path, redis_url: str, stage: str
+) -> None:
+    server = f"http://127.0.0.1:{free_port()}"
+    done = _evoenv(
+        tmp_path, "validate", stage, SOUND, EVOENV_REDIS_URL=redis_url, EVOENV_VLLM_URLS=server
+    )
+    assert done.returncode == 3, done.stdout + done.stderr
+    line = _one_error_line(done.stdout)
+    named = "review needs" if stage == "--review" else "calibration needs"
+    assert f"{named} the model server at {server}" in line and "EVOENV_VLLM_URLS" in line, line
+    assert "  L5 " in done.stdout and "unconfined" not in done.stdout
+
+
+def test_sample_refuses_a_negative_seed_as_the_web_page_does(tmp_path: Path) -> None:
+    done = _evoenv(tmp_path, "sample", "sort_words", "--seed", "-1")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith("error: ") and "--seed" in done.stderr and "0" in done.stderr
+    assert done.stdout == ""
+
+
+@pytest.mark.usefixtures("sandbox")
+def test_l4_says_where_it_did_not_check_the_prompt_for_the_answer(tmp_path: Path) -> None:
+    short = REPO / "tests" / "corpus" / "sound" / "int_score_count_distinct.py"  # small integers
+    long = REPO / "tests" / "corpus" / "sound" / "partial_credit_sort.py"  # sorted lists
+    done = _evoenv(tmp_path, "validate", "--json", short, long)
+    assert done.returncode == 0, done.stdout + done.stderr
+    short_l4, long_l4 = (
+        next(s for s in json.loads(line)["stages"] if s["stage"] == "L4")
+        for line in done.stdout.splitlines()
+    )
+    assert (
+        "the answer text in the prompt: not checked (answers shorter than 8 characters)"
+        in (short_l4["detail"])
+    )
+    assert "0 of" not in short_l4["detail"] and short_l4["data"]["leak_checked"] == 0
+    assert "0 of 24 prompts contain the answer text;" in long_l4["detail"]
