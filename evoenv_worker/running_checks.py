@@ -8,6 +8,7 @@ check returns or raises `EnvironmentOutputError`: a rejection at the stage that 
 from __future__ import annotations
 
 import json
+import time
 import unicodedata
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -203,13 +204,15 @@ def check_executes(
     pairs = [(seed, d) for d in meta.difficulties for seed in seeds]
     ops = [instance_op(seed, d) for seed, d in pairs]
     ops += [{"op": "score", "from": k, "answer": None} for k in range(len(pairs))]
+    started = time.monotonic()
     results = runner.run(ops)
+    waited = time.monotonic() - started
     items: list[Item] = []
     for k, (seed, difficulty) in enumerate(pairs):
         trigger = Trigger(seed=seed, difficulty=difficulty)
         result = results[k]
         if not result.ok:
-            return Check(False, _failure_text(result), trigger), []
+            return Check(False, _failure_text(result) + _overruns(results, waited), trigger), []
         value = made_value(result.value, seed, difficulty)
         if not value["round_trip"]["instance"]:
             return Check(
@@ -287,6 +290,18 @@ def _visible(text: str) -> bool:
     return any(
         unicodedata.category(char)[0] in "LNPS" and char not in BLANK_LOOKALIKES for char in text
     )
+
+
+def _overruns(results: Sequence[OpResult], waited: float) -> str:
+    """Where more than one call of a request ran past its limit, how long the request waited
+    in all and how many calls were not run after them (a sampler that loops costs a limit a
+    call, up to the sandbox's failures a request); else ""."""
+    over = sum(result.kind == "timeout" for result in results)
+    if over < 2:
+        return ""
+    skipped = sum(result.kind == "skipped" for result in results)
+    after = f"; the {skipped} calls after them not run" if skipped else ""
+    return f" ({over} calls ran past the limit: {waited:.0f} s waited in all{after})"
 
 
 def _failure_text(result: OpResult) -> str:

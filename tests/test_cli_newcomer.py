@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -116,3 +117,23 @@ def test_l4_says_where_it_did_not_check_the_prompt_for_the_answer(tmp_path: Path
     )
     assert "0 of" not in short_l4["detail"] and short_l4["data"]["leak_checked"] == 0
     assert "0 of 24 prompts contain the answer text;" in long_l4["detail"]
+
+
+@pytest.mark.usefixtures("sandbox")
+def test_validate_says_how_long_a_looping_sampler_kept_it_waiting(tmp_path: Path) -> None:
+    looping = tmp_path / "loops.py"
+    looping.write_text(
+        SOUND.read_text().replace(
+            "    def sample(self, rng: random.Random, difficulty: int) -> dict:\n",
+            "    def sample(self, rng: random.Random, difficulty: int) -> dict:\n"
+            "        while True:\n            pass\n",
+        )
+    )
+    done = _evoenv(tmp_path, "validate", "--json", looping, EVOENV_SANDBOX__OP_SECONDS="1")
+    assert done.returncode == 1, done.stdout + done.stderr
+    (l2,) = (s for s in json.loads(done.stdout)["stages"] if s["stage"] == "L2")
+    assert not l2["ok"] and "no result within 1 s" in l2["detail"], l2
+    found = re.search(r"\((\d+) calls ran past the limit: (\d+) s waited in all", l2["detail"])
+    assert found is not None, l2["detail"]
+    over, waited = int(found[1]), int(found[2])
+    assert over >= 2 and waited >= over and abs(waited - l2["seconds"]) < 1.5, l2
