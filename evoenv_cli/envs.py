@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from evoenv_cli.source_file import read_source, source_text
-from evoenv_cli.terminal_text import cell, plain
+from evoenv_cli.terminal_text import cell, plain, print_table, whole_column
 from evoenv_worker.sandbox.host import Sandbox
 from shared.config import Settings
 from shared.environment import MAX_SEED, build_prompt
@@ -107,8 +107,12 @@ def seeds(
             out.print(json.dumps(row), markup=False)
         return
     table = Table(title=f"{len(rows)} seed environments")
-    for column in ("name", "oracle", "difficulty", "description"):
-        table.add_column(column)
+    whole_column(table, "name", [row["name"] for row in rows])
+    whole_column(table, "oracle", [row["oracle"] for row in rows])
+    whole_column(
+        table, "difficulty", [f"{r['min_difficulty']}-{r['max_difficulty']}" for r in rows]
+    )
+    table.add_column("description")
     for row in rows:
         table.add_row(
             cell(row["name"]),
@@ -116,7 +120,7 @@ def seeds(
             cell(f"{row['min_difficulty']}-{row['max_difficulty']}"),
             cell(row["description"]),
         )
-    out.print(table)
+    print_table(out, table)
 
 
 def sample(

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from evoenv_cli.envs import err, exit_code, out, print_report
 from evoenv_cli.source_file import read_source
-from evoenv_cli.terminal_text import cell, plain
+from evoenv_cli.terminal_text import SHOWN_SHA, cell, plain, print_table, whole_column
 from shared.config import Settings, mask_url
 from shared.errors import UsageError
 
@@ -35,9 +35,13 @@ def _archive(settings: Settings) -> Any:
 
 
 def _find(archive: Any, name: str) -> Any:
-    row = archive.latest_by_name(name)
+    """The environment `name` names: a name, a sha or the start of one (`Archive.find`)."""
+    row = archive.find(name)
     if row is None:
-        raise UsageError(f"no environment called {name!r} in the archive (see: evoenv pool list)")
+        raise UsageError(
+            f"no environment called {name!r} or with a sha starting so in the archive "
+            "(see: evoenv pool list)"
+        )
     return row
 
 
@@ -56,30 +60,27 @@ def list_pool(
             out.print(json.dumps(_summary(r)), markup=False)
         return
     table = Table(title=f"{len(rows)} environments")
-    for column in (
-        "name",
-        "status",
-        "origin",
-        "serving",
-        "calibration",
-        "uses",
-        "env errors",
-        "sha",
-    ):
-        table.add_column(column)
+    cells = []
     for r in rows:
         s = _summary(r)
-        table.add_row(
-            cell(s["name"]),
-            s["status"],
-            s["origin"],
-            str(s["serving_difficulty"] or "-"),
-            _rate(s["calibration"]),
-            str(s["uses"]),
-            str(s["env_errors"]),
-            s["sha"][:10],
+        cells.append(
+            (
+                s["name"],
+                s["status"],
+                s["origin"],
+                str(s["serving_difficulty"] or "-"),
+                _rate(s["calibration"]),
+                str(s["uses"]),
+                str(s["env_errors"]),
+                s["sha"][:SHOWN_SHA],
+            )
         )
-    out.print(table)
+    headers = ("name", "status", "origin", "serving", "calibration", "uses", "env errors", "sha")
+    for i, header in enumerate(headers):
+        whole_column(table, header, [row[i] for row in cells])
+    for row in cells:
+        table.add_row(cell(row[0]), *row[1:])
+    print_table(out, table)
 
 
 def archive_line(settings: Settings) -> str:
@@ -116,7 +117,10 @@ def _rate(calibration: Any) -> str:
 
 
 @app.command("show")
-def show(ctx: typer.Context, name: str = typer.Argument(..., help="Environment name.")) -> None:
+def show(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Environment name, sha or its start (6+ digits)."),
+) -> None:
     """Lineage (parents), the validation report and the pass-rate history of one environment."""
     from sqlmodel import select
 
@@ -238,7 +242,10 @@ def serve(
 
 
 @app.command("retire")
-def retire(ctx: typer.Context, name: str = typer.Argument(..., help="Environment name.")) -> None:
+def retire(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="Environment name, sha or its start (6+ digits)."),
+) -> None:
     """Retire an admitted environment (seeds cannot be retired)."""
     from evoenv_learner.pool import Pool
 

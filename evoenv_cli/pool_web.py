@@ -92,7 +92,10 @@ class PoolSite:
         return self.page("pool.html", rows=rows, counts=counts, status=status)
 
     def find(self, key: str) -> EnvironmentRow:
-        row = data.find_environment(self.archive, key)
+        try:
+            row = data.find_environment(self.archive, key)
+        except UsageError as exc:
+            raise HTTPException(404, str(exc)) from exc
         if row is None:
             raise HTTPException(404, f"no environment {key!r} in the archive")
         return row

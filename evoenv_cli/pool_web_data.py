@@ -3,7 +3,6 @@ environment's reports, lineage and pass-rate history, and the run's admission fu
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -24,7 +23,6 @@ FUNNEL_ORDER: tuple[str, ...] = (
 )
 """Where a candidate stops, in the order the funnel shows them: the admission stages (as
 `run_report.FUNNEL_STAGES`), then the outcomes besides (`shared.env_stats.ArchivedFunnel`)."""
-SHA = re.compile(r"^[0-9a-f]{64}$")
 SPARK_WIDTH, SPARK_HEIGHT = 240, 48
 
 
@@ -66,13 +64,9 @@ def pool_row(row: EnvironmentRow) -> PoolRow:
 
 
 def find_environment(archive: Archive, key: str) -> EnvironmentRow | None:
-    """The environment of sha `key`, else the one called `key` (`Archive.latest_by_name`),
-    else None."""
-    if SHA.match(key):
-        row = archive.environment(key)
-        if row is not None:
-            return row
-    return archive.latest_by_name(key)
+    """The environment `key` names (`Archive.find`: a sha, a name or the start of a sha),
+    else None; `UsageError` where the start of a sha is not enough to tell."""
+    return archive.find(key)
 
 
 @dataclass(frozen=True)

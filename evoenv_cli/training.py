@@ -17,7 +17,7 @@ from rich.text import Text
 
 from evoenv_cli.envs import out
 from evoenv_cli.learner_state import state_path, write_state
-from evoenv_cli.terminal_text import cell, plain
+from evoenv_cli.terminal_text import cell, plain, print_table, whole_column
 from shared.config import Settings
 
 
@@ -259,7 +259,7 @@ def _print_result(
     if as_json:
         out.print(json.dumps(result), markup=False)
         return
-    out.print(table(result))
+    print_table(out, table(result))
 
 
 CONSTANT_SHOWN = 24
@@ -271,8 +271,8 @@ def _held_out_table(result: dict[str, Any]) -> Table:
     beside its best constant answer with that answer's score in brackets ("-": not found, or
     not computed)."""
     table = Table(title=f"held-out pass rate [95 % interval] ({result['instances']} instances)")
-    table.add_column("environment")
-    # numbers whole: on a narrow terminal the names and the constant are cut, not the interval
+    whole_column(table, "environment", result["environments"])
+    # numbers whole: on a narrow terminal the constant is cut, not a name nor an interval
     table.add_column("pass rate", no_wrap=True, min_width=len("0.00 [0.00, 0.00]"))
     table.add_column("lenient pass rate", no_wrap=True, min_width=len("0.00 [0.00, 0.00]"))
     table.add_column("constant (score)")
@@ -343,7 +343,9 @@ def _suite_table(result: dict[str, Any]) -> Table:
     table = Table(
         title=f"reasoning-gym pass rate ({result['instances']} instances, seed {result['seed']})"
     )
-    for column in ("task", "pass rate", "mean score", "format errors"):
+    tasks = [key.removeprefix("pass_rate_") for key in result if key.startswith("pass_rate_")]
+    whole_column(table, "task", tasks)
+    for column in ("pass rate", "mean score", "format errors"):
         table.add_column(column)
     for key, value in result.items():
         if key.startswith("pass_rate_"):

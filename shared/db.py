@@ -5,6 +5,7 @@ writes nothing twice; the schema versions it reads are listed at `SCHEMA_VERSION
 from __future__ import annotations
 
 import hashlib
+import re
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
@@ -18,10 +19,10 @@ from sqlalchemy import JSON, Column, event, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.types import TypeDecorator
-from sqlmodel import Field, Session, SQLModel, create_engine, select
+from sqlmodel import Field, Session, SQLModel, col, create_engine, select
 
 from shared.env_stats import EnvStats
-from shared.errors import SchemaMismatch
+from shared.errors import SchemaMismatch, UsageError
 from shared.messages import ValidationReport
 
 SCHEMA_VERSION = 2
@@ -46,6 +47,10 @@ SCHEMA_LOCK = 0x65766F656E76
 """PostgreSQL advisory lock held while the schema is created."""
 
 ENV_STATUSES = ("seed", "candidate", "admitted", "rejected", "retired", "quarantined")
+SHORT_SHA_MIN = 6
+"""The fewest hex digits of a sha that `Archive.find` takes as its start."""
+FULL_SHA = re.compile(r"[0-9a-f]{64}")
+SHORT_SHA = re.compile(f"[0-9a-f]{{{SHORT_SHA_MIN},63}}")
 
 
 def utcnow() -> datetime:
@@ -356,6 +361,23 @@ class Archive:
             query = select(EnvironmentRow).where(EnvironmentRow.name == name)
             query = query.where(EnvironmentRow.status.in_(list(statuses)))  # type: ignore[attr-defined]
             return session.exec(query).first()
+
+    def find(self, key: str) -> EnvironmentRow | None:
+        """The environment `key` names: a full sha; else an environment called `key`
+        (`latest_by_name`); else the one whose sha starts with `key` (at least
+        `SHORT_SHA_MIN` hex digits, as `pool list` and the web page show them). None where
+        none does; `UsageError` where the prefix starts several shas."""
+        if FULL_SHA.fullmatch(key):
+            return self.environment(key)
+        named = self.latest_by_name(key)
+        if named is not None or not SHORT_SHA.fullmatch(key):
+            return named
+        with self.session() as session:
+            query = select(EnvironmentRow).where(col(EnvironmentRow.sha).startswith(key))
+            rows = list(session.exec(query.limit(2)))
+        if len(rows) > 1:
+            raise UsageError(f"{key!r} starts more than one environment's sha: give more of it")
+        return rows[0] if rows else None
 
     def latest_by_name(self, name: str) -> EnvironmentRow | None:
         """The environment called `name` that a person means: the active one (seed or

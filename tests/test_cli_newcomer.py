@@ -137,3 +137,48 @@ def test_validate_says_how_long_a_looping_sampler_kept_it_waiting(tmp_path: Path
     assert found is not None, l2["detail"]
     over, waited = int(found[1]), int(found[2])
     assert over >= 2 and waited >= over and abs(waited - l2["seconds"]) < 1.5, l2
+
+
+def test_a_short_sha_as_shown_names_its_environment_in_pool_show_and_on_the_web(
+    tmp_path: Path,
+) -> None:
+    from fastapi.testclient import TestClient
+    from pool_web_archive import build_archive
+
+    from evoenv_cli.pool_web import create_app
+    from shared.config import Settings
+
+    url = f"sqlite:///{tmp_path / 'archive.db'}"
+    built = build_archive(url)
+    listed = _evoenv(tmp_path, "pool", "list", "--all", EVOENV_DATABASE_URL=url)
+    short = built.admitted[:10]
+    assert short in listed.stdout, listed.stdout  # as `pool list` shows it
+    shown = _evoenv(tmp_path, "pool", "show", short, EVOENV_DATABASE_URL=url)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout[: shown.stdout.index("\n}") + 2])["sha"] == built.admitted
+    unknown = _evoenv(tmp_path, "pool", "show", "0123456789", EVOENV_DATABASE_URL=url)
+    assert unknown.returncode == 2 and unknown.stderr.startswith("error: no environment"), unknown
+
+    settings = Settings(data_dir=tmp_path, database_url=url)
+    with TestClient(create_app(settings)) as client:
+        page = client.get(f"/env/{short}")
+        assert page.status_code == 200 and "count_vowels" in page.text
+        assert client.get("/env/0123456789").status_code == 404
+
+
+@pytest.mark.usefixtures("sandbox")
+def test_tables_never_cut_a_name_at_80_columns(tmp_path: Path) -> None:
+    from pool_web_archive import ADMITTED, build_archive
+
+    url = f"sqlite:///{tmp_path / 'archive.db'}"
+    long_name = "planted_environment_with_a_long_descriptive_name"
+    build_archive(url).archive.add_environment(
+        long_name, ADMITTED.replace("count_vowels", long_name), status="admitted", origin="user"
+    )
+    listed = _evoenv(tmp_path, "pool", "list", EVOENV_DATABASE_URL=url, COLUMNS="80")
+    assert listed.returncode == 0, listed.stderr
+    assert long_name in listed.stdout and "…" not in listed.stdout, listed.stdout
+    seeds = _evoenv(tmp_path, "seeds", COLUMNS="80")
+    assert "count_connected_components" in seeds.stdout and "count_connected_compon…" not in (
+        seeds.stdout
+    ), seeds.stdout
