@@ -72,7 +72,9 @@ class Embedder:
                 return
             start = time.perf_counter()
             from transformers import AutoModel, AutoTokenizer
+            from transformers.utils import logging as transformers_logging
 
+            transformers_logging.disable_progress_bar()  # not in `validate`'s or `pool add`'s output
             folder = self.folder or model_dir()
             tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
             model = AutoModel.from_pretrained(str(folder), local_files_only=True)

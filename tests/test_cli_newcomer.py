@@ -182,3 +182,10 @@ def test_tables_never_cut_a_name_at_80_columns(tmp_path: Path) -> None:
     assert "count_connected_components" in seeds.stdout and "count_connected_compon…" not in (
         seeds.stdout
     ), seeds.stdout
+
+
+@pytest.mark.usefixtures("sandbox")
+def test_validate_novelty_prints_no_progress_bar_of_the_embedding_model(tmp_path: Path) -> None:
+    done = _evoenv(tmp_path, "validate", "--novelty", SOUND)
+    assert "  novelty " in done.stdout, done.stdout + done.stderr
+    assert EMBEDDING_LOAD not in done.stdout + done.stderr and "it/s" not in done.stderr
