@@ -11,10 +11,13 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
 from support import free_port, started_sandbox
 
+from evoenv_cli import app
 from evoenv_worker.sandbox.host import Sandbox
 from shared.config import SandboxSettings
 
@@ -189,3 +192,48 @@ def test_validate_novelty_prints_no_progress_bar_of_the_embedding_model(tmp_path
     done = _evoenv(tmp_path, "validate", "--novelty", SOUND)
     assert "  novelty " in done.stdout, done.stdout + done.stderr
     assert EMBEDDING_LOAD not in done.stdout + done.stderr and "it/s" not in done.stderr
+
+
+def _commands(command: Any, path: tuple[str, ...] = ("evoenv",)) -> Iterator[tuple[str, ...]]:
+    """The path of `command` and of every command under it."""
+    yield path
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _commands(sub, (*path, name))
+
+
+def _command_at(path: tuple[str, ...]) -> Any:
+    command = typer.main.get_command(app)
+    for name in path[1:]:
+        command = command.commands[name]
+    return command
+
+
+def _docs_of(path: tuple[str, ...], docs: str) -> str:
+    """What docs/commands.md says of the command at `path`: the table rows whose first cell
+    names it, and the sections whose heading does (the whole page for `evoenv` itself)."""
+    if len(path) == 1:
+        return docs
+    named = " ".join(path)
+    rows = [
+        line
+        for line in docs.splitlines()
+        if line.startswith("| `evoenv")
+        and f"evoenv {path[1]}" in line.split(" | ")[0]
+        and all(word in line.split(" | ")[0] for word in path[2:])
+    ]
+    sections = [s for s in re.split(r"\n(?=## )", docs) if named in s.splitlines()[0]]
+    return "\n".join(rows + sections)
+
+
+def test_every_command_and_option_is_in_docs_commands() -> None:
+    docs = (REPO / "docs" / "commands.md").read_text()
+    missing = []
+    for path in _commands(typer.main.get_command(app)):
+        said = _docs_of(path, docs)
+        options = [o for p in _command_at(path).params for o in (*p.opts, *p.secondary_opts)]
+        for option in [o for o in options if o.startswith("-") and o != "--help"]:
+            if not re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", said):
+                missing.append(f"{' '.join(path)} {option}")
+        if not said:
+            missing.append(" ".join(path))
+    assert not missing, f"not in docs/commands.md: {missing}"
