@@ -11,6 +11,7 @@ from typer.exceptions import TyperException
 
 from evoenv_cli import cluster, envs, pool, report, training, up
 from evoenv_cli import model as model_cli
+from evoenv_cli.help_pages import command
 from evoenv_cli.terminal_text import plain
 from evoenv_worker import __version__
 from shared.config import Settings
@@ -65,7 +66,7 @@ def main() -> None:
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors="backslashreplace")
     try:
-        code = app(standalone_mode=False)
+        code = command(app)(standalone_mode=False, prog_name="evoenv")
     except UsageError as exc:
         typer.echo(f"error: {plain(exc)}", err=True)
         sys.exit(2)

@@ -205,8 +205,10 @@ def export(
         None, "--split", help="jsonl: train (default) or eval (the held-out seeds)."
     ),
 ) -> None:
-    """Write the seeds and admitted environments: as files, as an installable package of
-    reasoning-gym-style datasets, or as JSON lines of fixed instances (docs/commands.md)."""
+    """Write the seeds and admitted environments for use outside EvoEnv.
+
+    As files (the default), as an installable package of reasoning-gym-style datasets, or as
+    JSON lines of fixed instances (docs/commands.md)."""
     from evoenv_cli.pool_export import export_pool, export_request
 
     request = export_request(

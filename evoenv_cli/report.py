@@ -22,8 +22,9 @@ def report(
         None, "--out", "-o", help="Where to write the report (default: RUN_FOLDER/report)."
     ),
 ) -> None:
-    """Plot a run's rewards, evaluations, admission funnel, pool, pushes and throughput, and
-    write report.md next to the PNGs."""
+    """Plot a run's rewards, evaluations, funnel, pool, pushes and throughput, with report.md.
+
+    The PNGs and report.md go to RUN_FOLDER/report unless --out says where."""
     from evoenv_cli.run_report import recorded_runs, write_report
     from shared.db import Archive
 

@@ -152,16 +152,13 @@ def evaluate(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Pass rate of the served policy on held-out instances, each environment's and the overall
-    one with a 95 % interval, strict (the answer in its tags) and lenient (the answer taken
-    leniently: the tagged one, else the last line; docs/CONTRACT.md), beside each environment's
-    best constant answer (the one answer text that, written for every instance, passes most of
-    them) and its score on the same instances. --json: the overall pass_rate, instances,
-    ci_low, ci_high, lenient_pass_rate, lenient_ci_low, lenient_ci_high, pass_rate_NAME, and
-    environments: {NAME: {"pass_rate", "instances", "ci_low", "ci_high", "lenient_pass_rate",
-    "lenient_ci_low", "lenient_ci_high", "best_constant": {"answer", "score"} (null: not
-    found), "records": one {"seed", "reward", "answer", "lenient_reward", "lenient_answer",
-    "reference", "constant_reward"} per instance counted}}.
+    """Pass rate of the served policy on held-out instances, beside the best constant answer.
+
+    Each environment's pass rate and the overall one, with a 95 % interval: strict (the answer
+    in its tags, as training rewards it) and lenient (the tagged answer, else the last line;
+    docs/CONTRACT.md). Beside each, the best constant answer (the one answer text that, given
+    for every instance, passes most of them) and its score on the same instances. --json prints
+    one object: its fields are in docs/commands.md.
 
     --suite reasoning-gym: pass rate and mean score on reasoning-gym tasks (exit 3: no server).
     """

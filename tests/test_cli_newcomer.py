@@ -4,9 +4,13 @@ the missing service in one line before it loads the embedding model."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import itertools
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +22,7 @@ import typer
 from support import free_port, started_sandbox
 
 from evoenv_cli import app
+from evoenv_cli.help_pages import command
 from evoenv_worker.sandbox.host import Sandbox
 from shared.config import SandboxSettings
 
@@ -237,3 +242,40 @@ def test_every_command_and_option_is_in_docs_commands() -> None:
         if not said:
             missing.append(" ".join(path))
     assert not missing, f"not in docs/commands.md: {missing}"
+
+
+def _help_pages() -> Iterator[tuple[tuple[str, ...], Any, str]]:
+    """Each command's path, command and help page as `evoenv` prints it (80 columns)."""
+    root = command(app)
+    for path in _commands(root):
+        found = root
+        for name in path[1:]:
+            found = found.commands[name]
+        with contextlib.redirect_stdout(io.StringIO()) as page:
+            assert root.main([*path[1:], "--help"], "evoenv", standalone_mode=False) == 0
+        yield path, found, page.getvalue()
+
+
+def test_every_help_page_ends_with_an_example_that_parses() -> None:
+    for path, found, page in _help_pages():
+        if getattr(found, "commands", None) is not None:
+            continue  # a group lists its commands
+        examples = [line.strip() for line in page.splitlines() if "Example: " in line]
+        assert len(examples) == 1, f"{' '.join(path)}: {examples}"
+        words = [w for w in shlex.split(examples[0].removeprefix("Example: ")) if "=" not in w]
+        assert tuple(words[: len(path)]) == path, examples[0]
+        found.make_context(path[-1], words[len(path) :])  # raises on a bad example
+
+
+def test_no_help_page_names_a_python_type_or_breaks_a_sentence() -> None:
+    for path, found, page in _help_pages():
+        assert not re.search(r"<(int|str|bool|float|Path|list\[|int range)", page), page
+        summary = " ".join((found.help or "").split("\n\n", 1)[0].split())
+        assert len(summary) <= 100 and summary.count(". ") == 0, f"{path}: {summary}"
+        lines = page.splitlines()
+        for line, after in itertools.pairwise(lines):
+            if not after.strip() or not line.startswith("  ") or line.strip().startswith("-"):
+                continue
+            first = after.split()[0]
+            cut = not re.search(r"[.:;,)\]]$", line) and first[0].islower()
+            assert not (cut and len(line) + 1 + len(first) <= 78), f"{path}: {line!r} / {after!r}"
