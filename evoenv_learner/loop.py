@@ -40,6 +40,7 @@ from evoenv_learner.metrics import MetricsSink
 from evoenv_learner.orchestrator import Orchestrator
 from evoenv_learner.outage import LOST, Outage
 from evoenv_learner.pool import Pool, seed_pool
+from evoenv_learner.samples import step_samples
 from shared.config import Settings
 from shared.db import Archive
 from shared.errors import EvoEnvError, ServiceUnavailable
@@ -515,7 +516,7 @@ class Learner:
                     log.info("step_abandoned", step=state.step + 1, groups=len(batch))
                     break
                 if values is not None:
-                    await self._after_step(values)
+                    await self._after_step(values, batch)
         finally:
             self.stop.set()
             if state.step > self._last_checkpoint or self.consumer.has_unacknowledged:
@@ -573,9 +574,10 @@ class Learner:
             values["rss_gib"] = round(rss_gib(), 2)
         return values
 
-    async def _after_step(self, values: dict[str, Any]) -> None:
-        """The step's metrics, with the learner's counters, recorded and passed to `on_step`;
-        a checkpoint and an evaluation when due; then the orchestrator told."""
+    async def _after_step(self, values: dict[str, Any], batch: list[GradedGroup]) -> None:
+        """The step's metrics, with the learner's counters, and its samples of `batch`
+        recorded, and the metrics passed to `on_step`; a checkpoint and an evaluation when due;
+        then the orchestrator told."""
         state, orchestrator = self.state, self.orchestrator
         values.update(
             version=state.version,
@@ -593,6 +595,10 @@ class Learner:
         )
         state.last_metrics = values
         await asyncio.to_thread(self.metrics.train, state.step, state.version, values)
+        samples = step_samples(
+            batch, self.settings.learner.samples_per_step, self.settings.validation.answer_cap
+        )
+        await asyncio.to_thread(self.metrics.samples, state.step, state.version, samples)
         if self.on_step is not None:
             self.on_step(state)
         if state.step % self.settings.learner.checkpoint_every == 0:

@@ -1,5 +1,5 @@
 """Where the learner's metrics go: one structured log line per step, TensorBoard scalars, and
-rows in the archive (for `evoenv status` and reports)."""
+rows in the archive (for `evoenv status` and reports); and each step's samples."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 import structlog
 
+from evoenv_learner.samples import as_markdown
 from shared.config import Settings
 from shared.db import Archive
 
@@ -19,6 +20,7 @@ class MetricsSink:
         from torch.utils.tensorboard import SummaryWriter
 
         self.run = settings.run
+        self.samples_steps = settings.learner.samples_steps
         self.archive = archive
         self.writer = SummaryWriter(str(tensorboard_dir))
 
@@ -33,6 +35,17 @@ class MetricsSink:
         )
         self._scalars("eval", step, values)
         self.archive.record_metrics(self.run, step, "eval", version, _jsonable(values))
+
+    def samples(self, step: int, version: int, samples: list[dict[str, Any]]) -> None:
+        """A step's samples of what it trained on (`evoenv_learner/samples.py`): a row of kind
+        `samples` in the archive, the rows of all but the last `learner.samples_steps` steps
+        forgotten, and TensorBoard's text tab."""
+        if self.samples_steps == 0:
+            return
+        self.archive.record_metrics(self.run, step, "samples", version, {"samples": samples})
+        self.archive.keep_last_metrics(self.run, "samples", self.samples_steps)
+        self.writer.add_text("samples", as_markdown(step, samples), step)
+        self.writer.flush()
 
     def close(self) -> None:
         self.writer.close()

@@ -24,6 +24,7 @@ from shared.environment import (
     grade_value,
 )
 from shared.messages import (
+    REFERENCE_CHARS,
     ConstantBaseline,
     ConstantJob,
     GradedCompletion,
@@ -147,9 +148,11 @@ def grade_group(
     answers = [e.answer for e in extractions]
     instance_error = job.error
     grades: list[Grade | None] = []
-    dishonest: str | None = None
+    dishonest = reference = None
     if not instance_error:
-        grades, instance_error, dishonest = _graded(sandbox, job, answers, settings, draws)
+        grades, instance_error, dishonest, reference = _graded(
+            sandbox, job, answers, settings, draws
+        )
     graded: list[GradedCompletion] = []
     for k, (completion, extraction) in enumerate(zip(job.completions, extractions, strict=True)):
         base = completion.model_dump()
@@ -164,7 +167,9 @@ def grade_group(
                 **base, reward=grade.reward, outcome=grade.outcome.value, detail=grade.detail
             )
         )
-    data = SolverGroupData(env_error=instance_error or None, dishonest=dishonest)
+    data = SolverGroupData(
+        env_error=instance_error or None, dishonest=dishonest, reference=reference
+    )
     return _group(job, graded, data)
 
 
@@ -174,13 +179,14 @@ def _graded(
     answers: list[str | None],
     settings: Settings,
     draws: random.Random,
-) -> tuple[list[Grade | None], str | None, str | None]:
+) -> tuple[list[Grade | None], str | None, str | None, str | None]:
     """The grades of `answers`, scored in one `grade` op with the job's hidden probes among
     them (`probe_kinds`, `place_probes`); why the instance could not be made or graded (None:
-    it was); and what the grader saw if the scorer disagreed with itself (None: it did not, or
+    it was); what the grader saw if the scorer disagreed with itself (None: it did not, or
     nothing was checked): a probe scored wrong on this very instance (`probe_disagreement`),
     or, for a share `pool.rescore_rate` of the groups, one scored answer drawn at random got
-    another reward scored again alone in a fresh process (`_rescored`)."""
+    another reward scored again alone in a fresh process (`_rescored`); and the reference's
+    answer text (None where the op gave none)."""
     asked, probes = place_probes(answers, probe_kinds(job, settings.pool.probe_rate, draws), draws)
     cap = settings.validation.answer_cap if probes else None
     (result,) = sandbox.run(
@@ -192,8 +198,10 @@ def _graded(
     every, reason = read_grades(result, asked)
     if reason:
         step = "sampling" if result.routine in _INSTANCE_ROUTINES else "grading"
-        return [], f"{step} failed: {reason}", None
+        return [], f"{step} failed: {reason}", None, None
     grades = [grade for position, grade in enumerate(every) if position not in probes]
+    text = result.value.get("answer_text")  # untrusted: a string, cut
+    reference = text[:REFERENCE_CHARS] if isinstance(text, str) else None
     dishonest = probe_disagreement(every, probes)
     if dishonest is None and draws.random() < settings.pool.rescore_rate:
         dishonest = _rescored(sandbox, job, answers, grades, settings, draws)
@@ -207,7 +215,7 @@ def _graded(
             group=job.group_id,
             dishonest=dishonest,
         )
-    return grades, None, dishonest
+    return grades, None, dishonest, reference
 
 
 def probe_kinds(job: SolverJob, rate: float, draws: random.Random) -> tuple[str, ...]:

@@ -372,6 +372,11 @@ class LearnerSettings(BaseModel):
     parameter); a new one is complete before the oldest is removed."""
     push_every: int = Field(1, ge=1)
     """Push the new weights to the vLLM servers every k steps."""
+    samples_steps: int = Field(50, ge=0)
+    """Steps whose samples of what was trained on the archive keeps (the last N; 0: none kept):
+    the run view of `evoenv pool serve`, and TensorBoard's text tab."""
+    samples_per_step: int = Field(8, ge=1)
+    """Completions sampled from each step's groups, taken from the groups in turn."""
     eval_every: int = Field(10, ge=1)
     """Evaluate the served policy on held-out instances every k steps."""
     eval_instances: int = Field(16, ge=1)

@@ -413,6 +413,26 @@ class Archive:
             session.execute(statement)
             session.commit()
 
+    def keep_last_metrics(self, run: str, kind: str, steps: int) -> None:
+        """Forget the rows of `kind` in `run` older than its `steps` latest steps."""
+        with self.session() as session:
+            query = select(MetricRow.step).where(MetricRow.run == run, MetricRow.kind == kind)
+            latest = list(session.exec(query.order_by(col(MetricRow.step).desc()).limit(steps)))
+            if len(latest) < steps:
+                return
+            old = select(MetricRow).where(
+                MetricRow.run == run, MetricRow.kind == kind, MetricRow.step < latest[-1]
+            )
+            for row in session.exec(old):
+                session.delete(row)
+            session.commit()
+
+    def runs_with(self, kind: str) -> list[str]:
+        """The runs that recorded metrics of `kind`, in name order."""
+        with self.session() as session:
+            query = select(MetricRow.run).where(MetricRow.kind == kind).distinct()
+            return sorted(session.exec(query))
+
     def metrics(self, run: str, kind: str | None = None) -> list[MetricRow]:
         with self.session() as session:
             query = select(MetricRow).where(MetricRow.run == run)

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The version every message is written with:
 
     1  a graded group's `data` is a free dict
@@ -17,6 +17,7 @@ SCHEMA_VERSION = 4
     3  a proposal job and a generation group's data carry the proposal mode (`topic` when
        read from an older version) and the group a repair is of
     4  a solver group's data says when a hidden probe or a re-score disagreed (`dishonest`)
+    5  a solver group's data carries the reference's answer text (`reference`)
 
 A version-1 message is read as it is: the other payloads did not change, and everything
 version 1 put in a graded group's `data` fits its typed model (a stream entry whose data does
@@ -258,6 +259,10 @@ class GradedCompletion(CompletionRecord):
     detail: str = ""
 
 
+REFERENCE_CHARS = 2000
+"""Most characters of a reference's answer text a solver group carries."""
+
+
 class SolverGroupData(BaseModel):
     """What a solver group carries beside its completions."""
 
@@ -272,6 +277,10 @@ class SolverGroupData(BaseModel):
     """What the grader saw when the environment's scorer disagreed with itself on this
     instance: a hidden probe scored wrong, or an answer scored again alone got another reward
     (docs/CONTRACT.md#grades). The learner quarantines the environment and drops the group."""
+    reference: str | None = None
+    """The reference's answer text, as the solver is asked to write it (cut at
+    `REFERENCE_CHARS`), for the learner's samples of what it trained on; None where the
+    instance was not made."""
 
 
 class GeneratorGroupData(BaseModel):

@@ -75,6 +75,7 @@ def graded(role: str, data: SolverGroupData | GeneratorGroupData) -> GradedGroup
         ("solver", SolverGroupData(over_budget=True)),
         ("solver", SolverGroupData(env_error="sampling failed: boom")),
         ("solver", SolverGroupData(dishonest="a hidden probe: the empty answer scored 1")),
+        ("solver", SolverGroupData(reference="7")),
         ("generator", GeneratorGroupData(funnel=["L3", "admitted"], gamma=0.8, parents=["a"])),
         (
             "generator",
@@ -86,7 +87,7 @@ def test_a_graded_group_round_trips_through_the_stream_entry(
     role: str, data: SolverGroupData | GeneratorGroupData
 ) -> None:
     group = graded(role, data)
-    assert group.schema_version == SCHEMA_VERSION == 4
+    assert group.schema_version == SCHEMA_VERSION == 5
     read = decode_entry({b"group": group.model_dump_json().encode()})
     assert read == group and type(read.data) is type(data)
 
@@ -133,21 +134,21 @@ def test_a_version_1_entry_whose_data_does_not_fit_is_malformed_not_a_version_pr
     assert not isinstance(caught.value, SchemaMismatch)
 
 
-@pytest.mark.parametrize("version", [0, 5])
+@pytest.mark.parametrize("version", [0, 6])
 def test_an_entry_of_a_version_not_read_names_both_versions(version: int) -> None:
     with pytest.raises(SchemaMismatch) as caught:
         decode_entry(v1_entry("solver", {}, version=version))
     message = str(caught.value)
     assert "\n" not in message
-    assert f"schema version {version}; this EvoEnv reads versions 1-4" in message
+    assert f"schema version {version}; this EvoEnv reads versions 1-5" in message
     assert "same EvoEnv version" in message  # what to do
 
 
 def test_jobs_of_version_1_are_still_read_and_others_refused() -> None:
     job = {"run": "r", "group_id": "g", "env": {"name": "e", "sha": "s", "source": "x"}}
     assert SolverJob.model_validate({**job, "seed": 1, "difficulty": 2, "schema_version": 1})
-    with pytest.raises(ValidationError, match="reads versions 1-4"):
-        SolverJob.model_validate({**job, "seed": 1, "difficulty": 2, "schema_version": 5})
+    with pytest.raises(ValidationError, match="reads versions 1-5"):
+        SolverJob.model_validate({**job, "seed": 1, "difficulty": 2, "schema_version": 6})
 
 
 def test_a_version_2_generation_group_is_read_as_topic_and_a_repair_job_names_its_group() -> None:

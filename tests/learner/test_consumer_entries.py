@@ -52,11 +52,11 @@ def test_a_version_1_entry_is_trained_on() -> None:
 def test_an_entry_of_a_newer_version_is_dropped_with_one_line_and_acknowledged() -> None:
     c = consumer()
     with structlog.testing.capture_logs() as logs:
-        assert c._accept("1-0", entry(5, {}, "g3"), current_version=5) is None
+        assert c._accept("1-0", entry(6, {}, "g3"), current_version=5) is None
         assert c._accept("1-0", entry(5, {}, "g3"), current_version=5) is None  # redelivered
     (line,) = logs
     assert line["event"] == "rollout_unreadable" and line["log_level"] == "error"
-    assert "schema version 5; this EvoEnv reads versions 1-4" in line["error"]
+    assert "schema version 6; this EvoEnv reads versions 1-5" in line["error"]
     assert (c.stats.unreadable, c.stats.duplicates, c.stats.read) == (1, 1, 0)
     assert c.take_dropped() == [Dropped("g3", "generator", "unreadable")]  # its slot is freed
     assert c.take_for_checkpoint() == ["1-0"]  # acknowledged with the next checkpoint
@@ -68,6 +68,6 @@ def test_a_version_1_entry_whose_data_does_not_fit_names_the_versions() -> None:
         assert c._accept("2-0", entry(1, {"funnel": ["L1"], "x": 1}, "g4"), 5) is None
     (line,) = logs
     assert line["event"] == "rollout_malformed"
-    assert (line["schema_version"], line["reads_versions"]) == (1, "1-4")
+    assert (line["schema_version"], line["reads_versions"]) == (1, "1-5")
     assert c.take_dropped() == [Dropped("g4", "generator", "malformed")]
     assert c.take_for_checkpoint() == ["2-0"]

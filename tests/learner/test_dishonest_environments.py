@@ -70,6 +70,9 @@ class Quiet:
     def train(self, *args: Any) -> None:
         pass
 
+    def samples(self, *args: Any) -> None:
+        pass
+
 
 async def no_backlog() -> int:
     return 0

@@ -551,7 +551,7 @@ def test_grade_group_grades_a_group_in_one_grade_op(
     graded = [(c.outcome, c.reward) for c in group.completions]
     assert graded == [("scored", 1.0), ("scored", 0.0), ("format_error", 0.0), ("env_error", None)]
     assert "ValueError: cannot read raise" in group.completions[3].detail
-    assert group.data == SolverGroupData()
+    assert group.data == SolverGroupData(reference=str(right))  # the answer text beside
 
     failed = grade_group(sandbox, job.model_copy(update={"difficulty": 9}), settings)
     assert [(c.outcome, c.reward) for c in failed.completions] == [("env_error", None)] * 4
