@@ -144,6 +144,22 @@ class PoolSite:
             shown = [c for c in funnel.candidates if c.stage == stage]
         return self.page("funnel.html", funnel=funnel, shown=shown, stage=stage)
 
+    def runs(self) -> HTMLResponse:
+        runs = [
+            (run, data.run_steps(self.archive, run)) for run in self.archive.runs_with("samples")
+        ]
+        return self.page("runs.html", runs=runs)
+
+    def run(self, run: str, step: int | None) -> HTMLResponse:
+        steps = data.run_steps(self.archive, run)
+        if not steps:
+            raise HTTPException(404, f"no samples of a run {run!r} in the archive")
+        shown = steps[0].step if step is None else step
+        samples = data.step_samples(self.archive, run, shown)
+        if samples is None:
+            raise HTTPException(404, f"no samples of step {shown} of run {run!r} in the archive")
+        return self.page("run.html", run=run, steps=steps, step=shown, samples=samples)
+
     def report(self, job_id: str) -> HTMLResponse:
         stored = data.report_by_job(self.archive, job_id)
         if stored is None:
@@ -203,6 +219,14 @@ def create_app(settings: Settings) -> FastAPI:
     @app.get("/funnel", response_class=HTMLResponse)
     def funnel_page(stage: str | None = None) -> HTMLResponse:
         return site.funnel(stage)
+
+    @app.get("/runs", response_class=HTMLResponse)
+    def runs_page() -> HTMLResponse:
+        return site.runs()
+
+    @app.get("/run/{run}", response_class=HTMLResponse)
+    def run_page(run: str, step: int | None = Query(None, ge=0, le=MAX_SEED)) -> HTMLResponse:
+        return site.run(run, step)
 
     @app.get("/report/{job_id}", response_class=HTMLResponse)
     def report_page(job_id: str) -> HTMLResponse:

@@ -3,6 +3,7 @@ environment's reports, lineage and pass-rate history, and the run's admission fu
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -254,3 +255,55 @@ def _outcome(report: ValidationReport) -> str:
     if report.verdict == "error":
         return "expired" if (report.error or "").startswith("expired") else "error"
     return "admitted"
+
+
+@dataclass(frozen=True)
+class StepSummary:
+    """One step of a run, as its samples row gives it."""
+
+    step: int
+    version: int
+    samples: int
+    roles: str
+    """How many samples of each role, e.g. "6 solver, 2 generator"."""
+    mean_reward: float | None
+
+
+def run_steps(archive: Archive, run: str) -> list[StepSummary]:
+    """The steps of `run` whose samples the archive keeps, newest first."""
+    summaries = []
+    for row in reversed(archive.metrics(run, "samples")):
+        samples = _samples_of(row.values)
+        roles = Counter(str(s.get("role")) for s in samples)
+        rewards = [s["reward"] for s in samples if isinstance(s.get("reward"), (int, float))]
+        summaries.append(
+            StepSummary(
+                step=row.step,
+                version=row.version,
+                samples=len(samples),
+                roles=", ".join(f"{n} {role}" for role, n in sorted(roles.items())),
+                mean_reward=sum(rewards) / len(rewards) if rewards else None,
+            )
+        )
+    return summaries
+
+
+def step_samples(archive: Archive, run: str, step: int) -> list[dict[str, Any]] | None:
+    """The samples of `step` in `run` (None: the archive keeps none), each with `report`: the
+    link to its candidate's validation report where one is stored (generator samples)."""
+    rows = [row for row in archive.metrics(run, "samples") if row.step == step]
+    if not rows:
+        return None
+    samples = _samples_of(rows[0].values)
+    for sample in samples:
+        job_id, link = sample.get("job_id"), None
+        if isinstance(job_id, str) and report_by_job(archive, job_id) is not None:
+            link = f"/report/{quote(job_id, safe='')}"
+        sample["report"] = link
+    return samples
+
+
+def _samples_of(values: dict[str, Any]) -> list[dict[str, Any]]:
+    """The sample objects of a samples row (anything else in it skipped)."""
+    samples = values.get("samples")
+    return [s for s in samples if isinstance(s, dict)] if isinstance(samples, list) else []

@@ -54,6 +54,8 @@ SCRIPT = "<script>alert(1)</script>"
 BREAKOUT = '"><img src=x onerror="document.title=\'pwned\';window.pwned=1">'
 PWN = "<script>window.pwned=1;document.title='pwned'</script>"
 HOSTILE_NAME = SCRIPT
+RUN = "run-a"
+"""The run whose samples the archive keeps: steps 1 and 2."""
 HOSTILE_STRINGS = (SCRIPT, BREAKOUT, PWN, "<script", "<img", "<iframe")
 """What must never reach a page unescaped (each also appears escaped, as text)."""
 
@@ -193,6 +195,40 @@ def build_archive(url: str) -> Built:
         ),
         adhoc=False,
     )
+    solver = {
+        "role": "solver",
+        "group_id": "s-1",
+        "env": "count_vowels",
+        "env_sha": admitted,
+        "seed": 4,
+        "difficulty": 2,
+        "policy_version": 1,
+        "reward": 1.0,
+        "outcome": "scored",
+        "detail": "",
+        "text": f"I count them. <answer>3</answer> {PWN}",
+        "prompt": "How many vowels are in 'banana'?",
+        "answer": "3",
+        "reference": "3",
+    }
+    candidate = {
+        "role": "generator",
+        "group_id": "g1",
+        "env": "proposal",
+        "env_sha": "",
+        "seed": 0,
+        "difficulty": 0,
+        "policy_version": 1,
+        "reward": -0.8,
+        "outcome": "scored",
+        "detail": "",
+        "text": f"class BrokenGrid(Environment):  # {BREAKOUT}",
+        "verdict": "L3",
+        "job_id": "job-rejected",
+    }
+    archive.record_metrics(RUN, 1, "samples", 1, {"samples": [solver, candidate]})
+    later = {**candidate, "job_id": "g9-0", "verdict": "L1", "text": "not a file"}
+    archive.record_metrics(RUN, 2, "samples", 2, {"samples": [later]})
     return Built(archive, seed, admitted, retired, rejected, hostile, "job-l1")
 
 

@@ -1,7 +1,8 @@
 """`evoenv pool serve` in a real browser: the command runs as a subprocess on an archive with
-admitted, rejected and retired environments and a hostile one, and headless Chromium (Debian's
-`chromium` and `chromium-driver`, driven by Selenium) clicks through the pool, an environment,
-and the funnel to a rejected candidate; no script from the hostile environment may run."""
+admitted, rejected and retired environments, a hostile one and a run's samples, and headless
+Chromium (Debian's `chromium` and `chromium-driver`, driven by Selenium) clicks through the
+pool, an environment, the funnel to a rejected candidate, and the run view to a step's samples;
+no script from the hostile environment may run."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 import pytest
-from pool_web_archive import HOSTILE_NAME, Built, build_archive, pool_served
+from pool_web_archive import HOSTILE_NAME, PWN, RUN, Built, build_archive, pool_served
 from support import missing
 
 if TYPE_CHECKING:
@@ -140,3 +141,13 @@ def test_a_browser_clicks_through_the_pool_and_the_funnel_and_runs_nothing_hosti
     follow(By.LINK_TEXT, HOSTILE_NAME)
     assert "stopped at L5" in driver.find_element(By.ID, "stopped").text
     unharmed()
+
+    # the run view: a step's samples, the answer beside the reference, a candidate's report
+    follow(By.LINK_TEXT, "runs")
+    follow(By.LINK_TEXT, RUN)
+    follow(By.LINK_TEXT, "1")  # step 1 in the table of steps
+    sample = driver.find_element(By.ID, "sample-1").text
+    assert "answer 3" in sample and "reference 3" in sample and PWN in sample
+    unharmed()
+    follow(By.LINK_TEXT, "its validation report")
+    assert "stopped at L3" in driver.find_element(By.TAG_NAME, "main").text

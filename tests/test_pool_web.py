@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from pool_web_archive import HOSTILE_STRINGS, PWN, SCRIPT, Built, build_archive
+from pool_web_archive import HOSTILE_STRINGS, PWN, RUN, SCRIPT, Built, build_archive
 
 from evoenv_cli.pool_web import create_app
 from evoenv_cli.pool_web_guard import SECURITY_HEADERS
@@ -144,6 +144,7 @@ def test_nothing_the_model_wrote_reaches_a_page_unescaped(
     pages += [f"/env/{b.hostile}?seed=0", f"/env/{b.admitted}", f"/env/{b.admitted}?seed=0"]
     pages += ["/report/job-hostile", f"/env/{SCRIPT}", "/nowhere/<b>x</b>"]
     pages += [f"/funnel?stage={SCRIPT}", f"/?status={SCRIPT}", "/env/%3Cimg%20src=x%3E"]
+    pages += ["/runs", f"/run/{RUN}?step=1", f"/run/{RUN}", "/run/%3Cscript%3E"]
     for path in pages:
         html = client.get(path).text
         assert_escaped(html)
@@ -156,6 +157,28 @@ def test_nothing_the_model_wrote_reaches_a_page_unescaped(
     assert f'<pre class="prompt">{escaped_pwn}' in hostile
     assert f'<pre class="answer">&lt;/pre&gt;{escaped_pwn}' in hostile
     assert "<script" not in client.get("/static/pool.css").text
+
+
+def test_the_run_view_shows_each_steps_samples_and_links_the_reports_that_exist(
+    client: TestClient, built: tuple[Built, Settings]
+) -> None:
+    runs = text_of(client.get("/runs").text)
+    assert f"{RUN} 2 2" in runs  # two steps kept, the latest 2
+    latest = client.get(f"/run/{RUN}")
+    assert latest.status_code == 200 and "Step 2: what it trained on 1 samples" in text_of(
+        latest.text
+    )
+    assert f'href="/run/{RUN}?step=1"' in latest.text
+    assert "verdict L1" in text_of(latest.text) and "/report/g9-0" not in latest.text
+    first = client.get(f"/run/{RUN}?step=1").text
+    shown = text_of(first)
+    assert "solver · count_vowels · difficulty 2 · seed 4 · version 1" in shown
+    assert "answer 3 · reference 3" in shown and "reward 1.0 · scored" in shown
+    assert "verdict L3 · its validation report" in shown
+    assert 'href="/report/job-rejected"' in first  # a candidate's report, where stored
+    assert f'href="/env/{built[0].admitted}"' in first
+    for path in (f"/run/{RUN}?step=7", "/run/no-such-run"):
+        assert client.get(path).status_code == 404, path
 
 
 def test_every_response_carries_the_security_headers(
