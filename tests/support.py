@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,6 +39,55 @@ def started_sandbox(settings: SandboxSettings) -> Iterator[Sandbox]:
         missing(f"the sandbox cannot start: {exc}")
     yield box
     box.close()
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+@contextlib.contextmanager
+def chromium(folder: Path, user: str = "", password: str = "") -> Iterator[Any]:
+    """Headless Chromium (Debian's `chromium` and `chromium-driver`, driven by Selenium; never
+    Selenium Manager: nothing is downloaded), its profile under `folder`; with `user`, every
+    request carries that basic-auth user and `password`."""
+    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
+        missing(
+            f"{CHROMIUM} or {CHROMEDRIVER} is missing (apt-get install chromium chromium-driver; "
+            "scripts/setup.sh installs them)"
+        )
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        missing("selenium is not installed (pip install -e '.[dev]')")
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={folder / 'chromium-profile'}",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        if user:
+            token = base64.b64encode(f"{user}:{password}".encode()).decode()
+            driver.execute_cdp_cmd("Network.enable", {})
+            driver.execute_cdp_cmd(
+                "Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Basic {token}"}}
+            )
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(folder / "chromium-profile", ignore_errors=True)
 
 
 def without_read_override() -> list[str]:

@@ -6,9 +6,6 @@ no script from the hostile environment may run."""
 
 from __future__ import annotations
 
-import base64
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,13 +13,11 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 from pool_web_archive import HOSTILE_NAME, PWN, RUN, Built, build_archive, pool_served
-from support import missing
+from support import chromium
 
 if TYPE_CHECKING:
     from selenium.webdriver.remote.webdriver import WebDriver
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 USER, PASSWORD = "ada", "correct horse"
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -40,38 +35,8 @@ def served(tmp_path: Path) -> Iterator[tuple[str, Built]]:
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[WebDriver]:
-    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
-        missing(
-            f"{CHROMIUM} or {CHROMEDRIVER} is missing (apt-get install chromium chromium-driver; "
-            "scripts/setup.sh installs them)"
-        )
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        missing("selenium is not installed (pip install -e '.[dev]')")
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM  # never Selenium Manager: nothing is downloaded
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
-    try:
+    with chromium(tmp_path, USER, PASSWORD) as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(tmp_path / "chromium-profile", ignore_errors=True)
 
 
 def test_a_browser_clicks_through_the_pool_and_the_funnel_and_runs_nothing_hostile(
@@ -82,11 +47,6 @@ def test_a_browser_clicks_through_the_pool_and_the_funnel_and_runs_nothing_hosti
     base, built = served
     assert httpx.get(f"{base}/", timeout=10).status_code == 401  # auth on every page
     driver = browser
-    token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
-    driver.execute_cdp_cmd("Network.enable", {})
-    driver.execute_cdp_cmd(
-        "Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Basic {token}"}}
-    )
 
     def unharmed() -> None:
         assert driver.execute_script("return window.pwned === undefined")
