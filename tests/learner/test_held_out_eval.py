@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from evoenv_cli.terminal_text import print_table
 from evoenv_cli.training import _held_out_table
 from evoenv_learner import jobs
 from evoenv_learner.held_out import counted, evaluate, per_environment, summarise, wilson
@@ -179,9 +180,10 @@ def test_per_environment_gives_each_its_own_wilson_interval() -> None:
 
 
 def table(result: dict[str, Any], width: int = 100) -> dict[str, str]:
-    """The rendered table's rows by their first cell."""
+    """The rendered table's rows by their first cell, printed as `evoenv eval` prints it on a
+    terminal of `width` columns."""
     console = Console(width=width, record=True)
-    console.print(_held_out_table(result))
+    print_table(console, _held_out_table(result))
     text = console.export_text()
     return {line.split("│")[1].strip(): line for line in text.splitlines() if "│" in line}
 
