@@ -8,11 +8,9 @@ import contextlib
 import io
 import itertools
 import json
-import os
 import re
 import shlex
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from typing import Any
 import pytest
 import typer
 from support import free_port, started_sandbox
+from test_validate_corpus import evoenv
 
 from evoenv_cli import app
 from evoenv_cli.help_pages import command
@@ -39,17 +38,7 @@ def sandbox() -> Iterator[Sandbox]:
 
 def _evoenv(tmp_path: Path, *args: str | Path, **settings: str) -> subprocess.CompletedProcess[str]:
     """`evoenv ARGS` in a subprocess with a data folder of its own and `settings`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EVOENV_")}
-    env.update(EVOENV_DATA_DIR=str(tmp_path / "data"), **settings)
-    return subprocess.run(
-        [sys.executable, "-c", "from evoenv_cli import main; main()", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=REPO,
-        env=env,
-        check=False,
-    )
+    return evoenv(*args, env={"EVOENV_DATA_DIR": str(tmp_path / "data"), **settings})
 
 
 def _syntax_error(tmp_path: Path) -> Path:
