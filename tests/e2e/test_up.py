@@ -1,10 +1,9 @@
 """`evoenv up` on a clean data folder, stopped with Ctrl-C: every component starts, at least
 three optimiser steps run, a generator group is trained (read, on a CPU without native
-bfloat16: `_generator_done`), the policy version advances, the
-report is written, nothing is left running, and through one fault of each kind (the short
-version of `bench/chaos.py`: see `_watch`) no graded group is lost or trained twice into the
-kept weights. Default settings, except where `UP_ENV` says why. A second test kills `up`
-itself and finds nothing left."""
+bfloat16: `_generator_done`), the policy version advances, the report is written, nothing is
+left running, and through one fault of each kind (the short version of `bench/chaos.py`: see
+`_watch`) no graded group is lost or trained twice into the kept weights. Default settings,
+except where `UP_ENV` says why. A second test kills `up` itself and finds nothing left."""
 
 from __future__ import annotations
 
