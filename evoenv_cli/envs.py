@@ -239,7 +239,7 @@ def validate_locally(
         settings = settings.model_copy(update={"redis_url": choose_redis(settings).redis_url})
     context = WorkerContext(settings)
     reports: list[ValidationReport] = []
-    missing: list[str | None] = []  # asked once, at the first file that passes L1-L5
+    asked, missing = False, None  # asked once, at the first file that passes L1-L5
     try:
         for path, data in blobs:
             progress = _progress(path) if sys.stderr.isatty() and not as_json else None
@@ -250,10 +250,10 @@ def validate_locally(
                     str(uuid.uuid4()), str(path), data, add_to_pool=add_to_pool
                 )
                 if (wanted or add_to_pool) and report.verdict == "admitted":
-                    if not missing:
-                        missing.append(missing_service(settings, wanted, add_to_pool))
-                    if missing[0] is not None:
-                        report = _errored(path, missing[0], report)
+                    if not asked:
+                        asked, missing = True, missing_service(settings, wanted, add_to_pool)
+                    if missing is not None:
+                        report = _errored(path, missing, report)
                     elif wanted:
                         report = run_locally(context, job, report, wanted)
                 if add_to_pool and report.verdict != "error":

@@ -93,7 +93,7 @@ class PoolSite:
 
     def find(self, key: str) -> EnvironmentRow:
         try:
-            row = data.find_environment(self.archive, key)
+            row = self.archive.find(key)
         except UsageError as exc:
             raise HTTPException(404, str(exc)) from exc
         if row is None:
@@ -155,7 +155,7 @@ class PoolSite:
         if not steps:
             raise HTTPException(404, f"no samples of a run {run!r} in the archive")
         shown = steps[0].step if step is None else step
-        samples = data.step_samples(self.archive, run, shown)
+        samples = data.samples_of_step(self.archive, run, shown)
         if samples is None:
             raise HTTPException(404, f"no samples of step {shown} of run {run!r} in the archive")
         return self.page("run.html", run=run, steps=steps, step=shown, samples=samples)

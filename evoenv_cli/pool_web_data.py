@@ -64,12 +64,6 @@ def pool_row(row: EnvironmentRow) -> PoolRow:
     )
 
 
-def find_environment(archive: Archive, key: str) -> EnvironmentRow | None:
-    """The environment `key` names (`Archive.find`: a sha, a name or the start of a sha),
-    else None; `UsageError` where the start of a sha is not enough to tell."""
-    return archive.find(key)
-
-
 @dataclass(frozen=True)
 class Link:
     href: str
@@ -288,7 +282,7 @@ def run_steps(archive: Archive, run: str) -> list[StepSummary]:
     return summaries
 
 
-def step_samples(archive: Archive, run: str, step: int) -> list[dict[str, Any]] | None:
+def samples_of_step(archive: Archive, run: str, step: int) -> list[dict[str, Any]] | None:
     """The samples of `step` in `run` (None: the archive keeps none), each with `report`: the
     link to its candidate's validation report where one is stored (generator samples)."""
     rows = [row for row in archive.metrics(run, "samples") if row.step == step]

@@ -40,7 +40,6 @@ from evoenv_learner.metrics import MetricsSink
 from evoenv_learner.orchestrator import Orchestrator
 from evoenv_learner.outage import LOST, Outage
 from evoenv_learner.pool import Pool, seed_pool
-from evoenv_learner.samples import step_samples
 from shared.config import Settings
 from shared.db import Archive
 from shared.errors import EvoEnvError, ServiceUnavailable
@@ -595,10 +594,7 @@ class Learner:
         )
         state.last_metrics = values
         await asyncio.to_thread(self.metrics.train, state.step, state.version, values)
-        samples = step_samples(
-            batch, self.settings.learner.samples_per_step, self.settings.validation.answer_cap
-        )
-        await asyncio.to_thread(self.metrics.samples, state.step, state.version, samples)
+        await asyncio.to_thread(self.metrics.samples, state.step, state.version, batch)
         if self.on_step is not None:
             self.on_step(state)
         if state.step % self.settings.learner.checkpoint_every == 0:

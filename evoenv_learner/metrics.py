@@ -3,14 +3,16 @@ rows in the archive (for `evoenv status` and reports); and each step's samples."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from evoenv_learner.samples import as_markdown
+from evoenv_learner.samples import as_markdown, step_samples
 from shared.config import Settings
 from shared.db import Archive
+from shared.messages import GradedGroup
 
 log = structlog.get_logger(__name__)
 
@@ -21,6 +23,8 @@ class MetricsSink:
 
         self.run = settings.run
         self.samples_steps = settings.learner.samples_steps
+        self.samples_per_step = settings.learner.samples_per_step
+        self.answer_cap = settings.validation.answer_cap
         self.archive = archive
         self.writer = SummaryWriter(str(tensorboard_dir))
 
@@ -36,12 +40,13 @@ class MetricsSink:
         self._scalars("eval", step, values)
         self.archive.record_metrics(self.run, step, "eval", version, _jsonable(values))
 
-    def samples(self, step: int, version: int, samples: list[dict[str, Any]]) -> None:
-        """A step's samples of what it trained on (`evoenv_learner/samples.py`): a row of kind
-        `samples` in the archive, the rows of all but the last `learner.samples_steps` steps
-        forgotten, and TensorBoard's text tab."""
+    def samples(self, step: int, version: int, batch: Sequence[GradedGroup]) -> None:
+        """The step's samples of `batch`, what it trained on (`evoenv_learner/samples.py`): a
+        row of kind `samples` in the archive, the rows of all but the last
+        `learner.samples_steps` steps forgotten, and TensorBoard's text tab."""
         if self.samples_steps == 0:
             return
+        samples = step_samples(batch, self.samples_per_step, self.answer_cap)
         self.archive.record_metrics(self.run, step, "samples", version, {"samples": samples})
         self.archive.keep_last_metrics(self.run, "samples", self.samples_steps)
         self.writer.add_text("samples", as_markdown(step, samples), step)

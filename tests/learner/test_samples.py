@@ -89,12 +89,12 @@ def test_the_archive_keeps_the_last_steps_samples_and_tensorboard_shows_them(
     settings = Settings(
         data_dir=tmp_path,
         database_url=f"sqlite:///{tmp_path / 'archive.db'}",
-        learner={"samples_steps": 2},
+        learner={"samples_steps": 2, "samples_per_step": 2},
     )
     archive = Archive(settings.archive_url)
     sink = MetricsSink(settings, archive, tmp_path / "tensorboard")
     for step in (1, 2, 3):
-        sink.samples(step, step, step_samples([SOLVER, GENERATOR], 2, 200))
+        sink.samples(step, step, [SOLVER, GENERATOR])
     sink.close()
     rows = archive.metrics(settings.run, "samples")
     assert [row.step for row in rows] == [2, 3]
