@@ -106,6 +106,14 @@ hypothesis.settings.register_profile("dev", database=None, deadline=None, max_ex
 hypothesis.settings.load_profile("ci" if IN_CI else "dev")
 
 
+def pytest_report_header() -> str:
+    """The CPU the run drew (its kind sets the end-to-end tests' sizes: tests/e2e)."""
+    from shared.hardware import NATIVE_BF16_FLAGS, cpu_flags, cpu_model_name
+
+    native = sorted(cpu_flags() & NATIVE_BF16_FLAGS)
+    return f"CPU: {cpu_model_name()}, native bfloat16: {', '.join(native) if native else 'no'}"
+
+
 def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
     """Write the test about to run to EVOENV_CURRENT_TEST_FILE, where `scripts/test.sh` set it:
     a run stopped at the suite's time budget names the test it was in."""

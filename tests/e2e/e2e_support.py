@@ -9,8 +9,26 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from evoenv_model.serve import VllmServer
 from shared.config import Settings
+from shared.hardware import cpu_flags, native_bf16
+
+NATIVE_BF16 = native_bf16(cpu_flags())
+"""Whether this CPU serves and trains in bfloat16 (AMX or AVX512-BF16). Without, in float32,
+the end-to-end tests take about twice as long (docs/development.md, the suite's budget)."""
+
+
+def within_float32_budget(minutes: int) -> pytest.MarkDecorator:
+    """Skip a test that takes `minutes` on a CPU without native bfloat16, where the suite's
+    end-to-end budget has no room for it; `EVOENV_E2E_ALL=1` runs it anyway. It runs in every
+    CI run that draws a CPU with native bfloat16."""
+    return pytest.mark.skipif(
+        not NATIVE_BF16 and os.environ.get("EVOENV_E2E_ALL") != "1",
+        reason=f"about {minutes} min in float32 on this CPU (no native bfloat16), over the "
+        "suite's end-to-end budget; EVOENV_E2E_ALL=1 runs it",
+    )
 
 
 @dataclass

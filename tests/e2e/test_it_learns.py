@@ -85,7 +85,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import Cluster, evoenv
+from e2e_support import Cluster, evoenv, within_float32_budget
 
 from shared.db import Archive
 from shared.environment import EVAL_SEEDS
@@ -93,7 +93,12 @@ from shared.environment import EVAL_SEEDS
 TIMEOUT = int(os.environ.get("IT_LEARNS_TIMEOUT", "1500"))
 """Seconds the test may take; `IT_LEARNS_TIMEOUT` gives an untuned environment with longer
 prompts and answers more (bench/it_learns_untuned.py)."""
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(TIMEOUT)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.integration,
+    pytest.mark.timeout(TIMEOUT),
+    within_float32_budget(22),
+]
 
 ENV = os.environ.get("IT_LEARNS_ENV", "copy_word")
 """The environment trained and measured. `IT_LEARNS_ENV` (a seed's name) and

@@ -19,14 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from e2e_support import evoenv
+from e2e_support import NATIVE_BF16, evoenv
 from matplotlib import image
 from pool_web_archive import pool_served
 from support import chromium
 
 from evoenv_cli.supervisor import command_pid, descendants
 from shared.db import Archive
-from shared.hardware import cpu_flags, native_bf16
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -68,7 +67,6 @@ def up_env(data_dir: Path, **extra: str) -> dict[str, str]:
     return {**env, "EVOENV_DATA_DIR": str(data_dir), "EVOENV_LOG_FORMAT": "json", **extra}
 
 
-NATIVE_BF16 = native_bf16(cpu_flags())
 UP_ENV = {
     # A generation group's admission takes minutes on two cores, while solver steps come a
     # minute or two apart: its versions must still be trainable when it arrives.
@@ -78,20 +76,24 @@ UP_ENV = {
     # a run without one unlikely before the deadline. Without it (float32 serving at about 33
     # tokens/s for every request together), four groups' 16 proposals of up to 1,024 tokens
     # took 29 minutes to arrive, at the deadline; two groups' 8 proposals took 6 to 25 minutes
-    # (the slowest beside two solver groups, eight requests, and the pauses of the steps).
-    # There one group of four shorter proposals (below) is sent, and the run waits for it to
-    # be read by the learner, trained or skipped (`_generator_done`).
+    # (the slowest beside two solver groups, eight requests, and the pauses of the steps), one
+    # group of four 768-token proposals 6 minutes in one run and 16 in CI's, at the deadline.
+    # There one group of four proposals cut at 384 tokens (below: most end at L1, unfinished)
+    # is sent, and the run waits for it to be read by the learner, trained or skipped
+    # (`_generator_done`): the generator's path end to end, not the model stages, which
+    # tests/e2e/test_admission.py covers.
     "EVOENV_LEARNER__GENERATOR_GROUPS_IN_FLIGHT": "4" if NATIVE_BF16 else "1",
     # The learner killed once a checkpoint exists resumes from it: one every two steps puts the
     # kill within the three steps the run waits for anyway.
     "EVOENV_LEARNER__CHECKPOINT_EVERY": "2",
-    **({} if NATIVE_BF16 else {"EVOENV_GRPO__GENERATOR_MAX_TOKENS": "768"}),
+    **({} if NATIVE_BF16 else {"EVOENV_GRPO__GENERATOR_MAX_TOKENS": "384"}),
 }
 DEADLINE = (25 if NATIVE_BF16 else 30) * 60
 """Seconds the run may take to reach everything `_watch` waits for: on two cores, 13 to 20
 minutes with native bfloat16 (AMX or AVX512-BF16; the first step comes after 4 to 7, as the
-first solver groups happen to hold a right answer or not), about 25 without (float32: steps
-3-7 minutes apart)."""
+first solver groups happen to hold a right answer or not), 25 to 30 without (float32: steps
+3-7 minutes apart) with 768-token proposals. A failure prints the learner's last events
+(`_learner_tail`)."""
 
 
 def _tail(log: Path, chars: int = 8000) -> str:
@@ -99,6 +101,21 @@ def _tail(log: Path, chars: int = 8000) -> str:
     it): what a failure message shows."""
     lines = log.read_text(errors="replace").splitlines()
     return "\n".join(line for line in lines if '"event": "memory"' not in line)[-chars:]
+
+
+def _learner_tail(data_dir: Path, count: int = 12) -> str:
+    """The learner's last events but its memory samples, one line each (time, event, step,
+    seconds): where it was when the deadline came (a step, a push, a checkpoint...)."""
+    log = data_dir / "runs" / "default" / "logs" / "learner.log"
+    if not log.exists():
+        return "the learner wrote no log"
+    lines = [
+        f"{str(e.get('timestamp', ''))[11:19]} {e.get('event')} step={e.get('step', '-')} "
+        f"seconds={e.get('seconds', '-')}"
+        for e in events(log)
+        if e.get("event") != "memory"
+    ]
+    return "the learner's last events:\n" + "\n".join(lines[-count:])
 
 
 def run_evoenv(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -308,7 +325,10 @@ def test_up_trains_both_roles_survives_kills_and_leaves_nothing(
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(60)  # reaped here, not by a later test's garbage collection
     assert not w.missing, (
-        f"after {DEADLINE // 60} min, still waiting for: {', '.join(w.missing)}\n" + _tail(log)
+        f"after {DEADLINE // 60} min, still waiting for: {', '.join(w.missing)}\n"
+        + _tail(log)
+        + "\n"
+        + _learner_tail(data_dir)
     )
     text = log.read_text(errors="replace")
     assert proc.returncode == 0, text[-5000:]
