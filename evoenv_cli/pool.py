@@ -191,7 +191,10 @@ def export(
     ctx: typer.Context,
     folder: Path = typer.Argument(..., help="Folder to write into."),
     fmt: str = typer.Option(
-        "files", "--format", help="files (NAME.py + pool.json), reasoning-gym (a package) or jsonl."
+        "files",
+        "--format",
+        help="files (NAME.py + pool.json), reasoning-gym (a package), verifiers (the package as "
+        "a verifiers environment too) or jsonl.",
     ),
     seeds_only: bool = typer.Option(False, "--seeds-only", help="Only the seeds."),
     admitted_only: bool = typer.Option(False, "--admitted-only", help="Only admitted ones."),
@@ -207,8 +210,9 @@ def export(
 ) -> None:
     """Write the seeds and admitted environments for use outside EvoEnv.
 
-    As files (the default), as an installable package of reasoning-gym-style datasets, or as
-    JSON lines of fixed instances (docs/commands.md)."""
+    As files (the default), as an installable package of reasoning-gym-style datasets, the same
+    package as a verifiers environment too, or as JSON lines of fixed instances
+    (docs/commands.md)."""
     from evoenv_cli.pool_export import export_pool, export_request
 
     request = export_request(

