@@ -234,7 +234,7 @@ async def _run_up(
     split = core_split() if settings.learner.take_turns is False else None
     settings = _add_services(settings, supervisor, env, logs, split)
     flower_port = settings.flower.port if not listening(settings.flower.port) else free_port()
-    workers = _workers(env, logs, flower_port)
+    workers = _workers(env, logs, flower_port, settings.redis_url)
     learner = _learner(settings, env, logs, steps, split)
     for child in supervisor.children:
         if child.name == "vllm":  # a restarted server serves the base weights
@@ -424,8 +424,9 @@ def _add_vllm(settings: Settings, supervisor: Supervisor, env: dict[str, str], l
     return url
 
 
-def _workers(env: dict[str, str], logs: Path, flower_port: int) -> list[Child]:
-    """One worker per queue, and Flower on `flower_port`: the layer that stops first."""
+def _workers(env: dict[str, str], logs: Path, flower_port: int, redis_url: str) -> list[Child]:
+    """One worker per queue, and Flower on `flower_port`: the layer that stops first. A worker
+    that dies has its queue's jobs in hand given back at once (`_worker_died`)."""
     return [
         Child(
             "worker-generation",
@@ -434,6 +435,7 @@ def _workers(env: dict[str, str], logs: Path, flower_port: int) -> list[Child]:
             logs / "worker-generation.log",
             layer=WORKERS_LAYER,
             grace=GENERATION_GRACE,
+            died=functools.partial(_worker_died, redis_url, keys.GENERATION_QUEUE),
         ),
         Child(
             "worker-validation",
@@ -441,6 +443,7 @@ def _workers(env: dict[str, str], logs: Path, flower_port: int) -> list[Child]:
             env,
             logs / "worker-validation.log",
             layer=WORKERS_LAYER,
+            died=functools.partial(_worker_died, redis_url, keys.VALIDATION_QUEUE),
         ),
         Child(
             "worker-grading",
@@ -448,6 +451,7 @@ def _workers(env: dict[str, str], logs: Path, flower_port: int) -> list[Child]:
             env,
             logs / "worker-grading.log",
             layer=WORKERS_LAYER,
+            died=functools.partial(_worker_died, redis_url, keys.GRADING_QUEUE),
         ),
         Child(
             "flower",
@@ -519,6 +523,23 @@ def _learner(
         finishes=True,
         died=functools.partial(_learner_died, settings),
     )
+
+
+def _worker_died(redis_url: str, queue: str, reason: str) -> None:
+    """A worker killed outright leaves the jobs it held unacknowledged, handed out again only
+    after the visibility timeout (minutes), while the run waits for them: it is the only
+    consumer of `queue` in `up`, so they are put back at once for its restart. One that
+    stopped itself gave them back already; with Redis unreachable they wait for the timeout."""
+    import redis
+
+    from evoenv_worker.broker import restore_unacknowledged
+
+    try:
+        restored = restore_unacknowledged(redis_url, [queue])
+    except (redis.RedisError, OSError) as exc:
+        log.warning("worker_jobs_not_restored", queue=queue, reason=reason, error=str(exc))
+        return
+    log.info("worker_died", queue=queue, reason=reason, jobs_restored=restored)
 
 
 def _learner_died(settings: Settings, reason: str) -> None:

@@ -352,6 +352,9 @@ def test_up_trains_both_roles_survives_kills_and_leaves_nothing(
     # restart fail until the orphan went away); the stopped worker was not restarted, and no
     # worker stopped itself when Redis went away
     assert restarted == ["flower", "learner", "redis", "vllm", "worker-grading"]
+    # the killed grading worker's jobs in hand were handed back before its restart
+    handed = [e for e in seen if e.get("event") == "worker_died"]
+    assert [e.get("queue") for e in handed] == ["grading"], handed
     # the hostile file was judged by the worker that had been stopped, and rejected
     assert w.hostile is not None and w.hostile.returncode == 1, w.hostile
     judged = json.loads(w.hostile.stdout.strip().splitlines()[-1])

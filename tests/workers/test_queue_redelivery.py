@@ -33,6 +33,7 @@ from workerkit import (
 )
 
 from evoenv_worker import tasks
+from evoenv_worker.broker import restore_unacknowledged
 from shared import keys
 
 pytestmark = pytest.mark.integration
@@ -157,9 +158,13 @@ def test_a_killed_pool_process_has_its_jobs_run_again(
         assert worker.proc.poll() is None
 
 
+@pytest.mark.parametrize("handed_back", [False, True], ids=["after-the-timeout", "at-once"])
 def test_a_killed_worker_has_its_jobs_run_by_another(
-    cluster: Cluster, first: Worker, second: Worker, client: Any
+    cluster: Cluster, first: Worker, second: Worker, client: Any, handed_back: bool
 ) -> None:
+    """The doomed worker is the only consumer of its queues; with `handed_back`, its jobs are
+    given back as soon as it is gone (`restore_unacknowledged`, what `evoenv up` does when one
+    of its workers dies), and run well before their visibility timeout would have let them."""
     app = cluster.app
     survivors = [first.node, second.node]
     for queue in QUEUES:
@@ -186,7 +191,11 @@ def test_a_killed_worker_has_its_jobs_run_by_another(
             # The kill interrupted the job: its last state is the doomed worker's STARTED.
             assert result.state == "STARTED", "the job ended before the kill"
             assert result.worker == doomed.node
-        # Only now may a survivor take the jobs, once their visibility timeout has run out.
+        if handed_back:
+            assert restore_unacknowledged(cluster.redis_url, QUEUES) == 2
+            assert sum(client.llen(queue) for queue in QUEUES) == 2  # back in their queues
+        # Only now may a survivor take the jobs: at once if handed back, else once their
+        # visibility timeout has run out.
         for queue in QUEUES:
             app.control.add_consumer(queue, destination=[second.node], reply=True, timeout=5)
         graded = results[0].get(timeout=VISIBILITY + 60)
@@ -201,7 +210,7 @@ def test_a_killed_worker_has_its_jobs_run_by_another(
             assert int(client.get(keys.attempts(result.id))) in (2, 3), "delivered again"
             assert not client.hexists(keys.DEAD_LETTERS, result.id)
         _check_side_effects_once(cluster, client, run, grade, validate)
-        assert waited < VISIBILITY + 30
+        assert waited < (VISIBILITY - 3 if handed_back else VISIBILITY + 30), waited
     except BaseException:
         _print_deliveries(workers)
         raise
