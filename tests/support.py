@@ -30,6 +30,25 @@ def missing(what: str) -> None:
     pytest.skip(what)
 
 
+def sandbox_or_missing() -> None:
+    """`missing` unless EvoEnv's sandbox starts here (the one started is closed at once)."""
+    for _box in started_sandbox(SandboxSettings()):
+        pass
+
+
+def run_isolated(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`code` run by this Python with no site-packages, no PYTHONPATH and no current folder on
+    its path (`-I -S`): what an exported package finds where the project is not installed."""
+    return subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        check=False,
+    )
+
+
 def started_sandbox(settings: SandboxSettings) -> Iterator[Sandbox]:
     """A module's sandbox fixture: started (or `missing`), closed when the module is done."""
     box = Sandbox(settings)

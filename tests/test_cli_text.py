@@ -11,16 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import missing
+from support import sandbox_or_missing
 from typer.testing import CliRunner
 
 from evoenv_cli import app
 from evoenv_cli.envs import out
 from evoenv_learner.pool import seed_pool
-from evoenv_worker.sandbox.host import Sandbox
-from shared.config import SandboxSettings
 from shared.db import Archive, EnvironmentRow, source_sha
-from shared.errors import SandboxUnavailable
 
 REPO = Path(__file__).resolve().parents[1]
 SOUND = REPO / "tests" / "corpus" / "sound" / "int_score_count_distinct.py"
@@ -30,12 +27,7 @@ FORGED = "\x1b[2K\r\x1b[1A\x1b[2K\x1b[32mADMITTED\x1b[0m  forged.py\n  L5 ok"
 
 @pytest.fixture(scope="module")
 def sandbox() -> None:
-    box = Sandbox(SandboxSettings())
-    try:
-        box.start()
-    except SandboxUnavailable as exc:
-        missing(f"the sandbox cannot start: {exc}")
-    box.close()
+    sandbox_or_missing()
 
 
 def _evoenv(

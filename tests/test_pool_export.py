@@ -17,18 +17,16 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from support import missing
+from support import run_isolated, sandbox_or_missing
 from typer.testing import CliRunner
 
 import shared
 import shared.environment
 from evoenv_cli import app
 from evoenv_learner.pool import seed_pool
-from evoenv_worker.sandbox.host import Sandbox
-from shared.config import SandboxSettings
 from shared.db import Archive, EnvironmentRow, source_sha
 from shared.env_stats import CalibrationFigures, EnvStats
-from shared.errors import SandboxUnavailable, UsageError
+from shared.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
 SEEDS_DIR = REPO / "seeds"
@@ -119,12 +117,7 @@ def evoenv(env: dict[str, str], *args: str | Path) -> Any:
 
 @pytest.fixture(scope="module")
 def sandbox_works() -> None:
-    box = Sandbox(SandboxSettings())
-    try:
-        box.start()
-    except SandboxUnavailable as exc:
-        missing(f"the sandbox cannot start: {exc}")
-    box.close()
+    sandbox_or_missing()
 
 
 @pytest.fixture(scope="module")
@@ -421,14 +414,7 @@ def test_without_the_project_it_refuses_unless_asked_to_run_in_process(
 ) -> None:
     # -I -S: no site-packages (the project is not importable), no PYTHONPATH, no current folder
     code = WITHOUT_PROJECT.replace("SITE", repr(str(site)))
-    done = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        check=False,
-    )
+    done = run_isolated(code, tmp_path)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert "EvoEnv project is not importable here" in result["refused"]

@@ -6,20 +6,16 @@ environment's own scorer, gives the references 1.0; importing the package needs 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import missing
+from support import run_isolated, sandbox_or_missing
 from test_pool_export import environment_of, evoenv, make_archive
 from verifiers_support import LEGACY, V1, client_env, install, result, start
 
-from evoenv_worker.sandbox.host import Sandbox
-from shared.config import SandboxSettings
 from shared.environment import ANSWER_INSTRUCTION, EVAL_SEEDS, TRAIN_SEEDS
-from shared.errors import SandboxUnavailable, UsageError
+from shared.errors import UsageError
 
 INFO_KEYS = {"environment", "sha", "seed", "difficulty", "split", "instance", "reference"}
 SIZE = 12
@@ -152,12 +148,7 @@ print(json.dumps({
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The seeds exported with `--format verifiers` (the folder) and installed by pip (site)."""
-    box = Sandbox(SandboxSettings())
-    try:
-        box.start()
-    except SandboxUnavailable as exc:
-        missing(f"the sandbox cannot start: {exc}")
-    box.close()
+    sandbox_or_missing()
     root = tmp_path_factory.mktemp("verifiers")
     env = environment_of(make_archive(root, admitted=False))
     evoenv(env, "pool", "export", "--format", "verifiers", root / "pool")
@@ -197,14 +188,7 @@ def test_the_export_is_the_reasoning_gym_package_with_verifiers_modules(
 def test_the_package_imports_without_verifiers(exported: tuple[Path, Path], tmp_path: Path) -> None:
     # -I -S: no site-packages (neither verifiers nor the project), no PYTHONPATH
     code = WITHOUT_VERIFIERS.replace("SITE", repr(str(exported[1])))
-    done = subprocess.run(
-        [sys.executable, "-I", "-S", "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        check=False,
-    )
+    done = run_isolated(code, tmp_path)
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
     assert {"EvoEnvPoolTaskset", "load_environment", "create_dataset"} <= set(found["all"])
