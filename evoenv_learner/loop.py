@@ -30,6 +30,7 @@ from evoenv_learner.intake import settle_read as settle_read
 from evoenv_learner.intake import split_quarantined as split_quarantined
 from evoenv_learner.intake import split_stale as split_stale
 from evoenv_learner.memory import (
+    GrowthTrace,
     keep_heap_small,
     peak_rss_gib,
     release_memory,
@@ -395,6 +396,8 @@ class Learner:
     """The last push due failed: push again at the next step."""
     _last_checkpoint: int = field(default=0, init=False)
     """The step of the last checkpoint written (or resumed)."""
+    _trace: GrowthTrace | None = field(default=None, init=False)
+    """Started at the first step when `learner.trace_memory_every` is on."""
 
     def request_stop(self) -> None:  # on a CPU a step takes minutes: say what the wait is for
         if not self.state.stopping:
@@ -597,6 +600,12 @@ class Learner:
         await asyncio.to_thread(self.metrics.samples, state.step, state.version, batch)
         if self.on_step is not None:
             self.on_step(state)
+        every = self.settings.learner.trace_memory_every
+        if every and self._trace is None:
+            self._trace = GrowthTrace()
+        elif every and self._trace is not None and state.step % every == 0:
+            lines = await asyncio.to_thread(self._trace.growth)
+            log.info("memory_growth", step=state.step, rss_gib=round(rss_gib(), 2), lines=lines)
         if state.step % self.settings.learner.checkpoint_every == 0:
             await self.checkpoint()
             self._last_checkpoint = state.step

@@ -10,6 +10,7 @@ import ctypes
 import ctypes.util
 import gc
 import os
+import tracemalloc
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -94,3 +95,25 @@ def reset_peak() -> bool:
     except OSError:
         return False
     return True
+
+
+class GrowthTrace:
+    """Where this process's Python allocations grew since the last reading (`tracemalloc`, its
+    cost paid only where `learner.trace_memory_every` turns it on): a diagnosis of a resident
+    size that grows step after step. Tensors' storage is not Python's and is not seen."""
+
+    def __init__(self, frames: int = 3) -> None:
+        tracemalloc.start(frames)
+        self._last = tracemalloc.take_snapshot()
+
+    def growth(self, top: int = 8) -> list[str]:
+        """The `top` places, innermost frame first, whose live allocations grew most since the
+        last reading: "file:line < file:line ... +X MiB (+N blocks)"."""
+        now = tracemalloc.take_snapshot()
+        stats = now.compare_to(self._last, "traceback")
+        self._last = now
+        lines = []
+        for stat in sorted(stats, key=lambda s: s.size_diff, reverse=True)[:top]:
+            where = " < ".join(f"{f.filename}:{f.lineno}" for f in stat.traceback)
+            lines.append(f"{where} {stat.size_diff / 2**20:+.1f} MiB ({stat.count_diff:+d} blocks)")
+        return lines

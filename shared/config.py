@@ -377,6 +377,9 @@ class LearnerSettings(BaseModel):
     the run view of `evoenv pool serve`, and TensorBoard's text tab."""
     samples_per_step: int = Field(8, ge=1)
     """Completions sampled from each step's groups, taken from the groups in turn."""
+    trace_memory_every: int = Field(0, ge=0)
+    """Every k steps, log where the learner's Python allocations grew since the last time
+    (`memory_growth`, tracemalloc: slows allocation; 0: off). A diagnosis, not for runs."""
     eval_every: int = Field(10, ge=1)
     """Evaluate the served policy on held-out instances every k steps."""
     eval_instances: int = Field(16, ge=1)

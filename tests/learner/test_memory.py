@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from evoenv_learner.memory import peak_rss_gib, release_memory, reset_peak, rss_gib
+from evoenv_learner.memory import GrowthTrace, peak_rss_gib, release_memory, reset_peak, rss_gib
 from evoenv_learner.publisher import write_weights
 
 FRAGMENTS = """
@@ -114,3 +115,22 @@ def test_pushed_weights_are_cast_one_tensor_at_a_time(tmp_path: Path) -> None:
     write_weights(model, tmp_path / "v1", torch.bfloat16)
     # one 64 MiB cast at a time, not the whole 256 MiB bfloat16 copy
     assert peak_rss_gib() - before < 0.15
+
+
+_KEPT: list[bytes] = []
+
+
+def _keep_growing() -> None:
+    _KEPT.extend(bytes(64 * 1024) for _ in range(160))  # 10 MiB held across readings
+
+
+def test_the_growth_trace_names_the_line_that_kept_memory_between_readings() -> None:
+    trace = GrowthTrace()
+    try:
+        _keep_growing()
+        (top, *_) = trace.growth()
+        assert "test_memory.py" in top.split(" ")[0] and "+10." in top, top
+        assert not any("+10." in line for line in trace.growth())  # nothing new since
+    finally:
+        tracemalloc.stop()
+        _KEPT.clear()
