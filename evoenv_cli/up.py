@@ -257,11 +257,14 @@ async def _run_up(
                 out.print(f"Flower on http://127.0.0.1:{flower_port}  logs in {logs}", markup=False)
                 follow = asyncio.create_task(_follow(display, state_file, live))
                 sampler = asyncio.create_task(_sample_memory(supervisor, logs))
+                visibility = settings.worker.visibility_timeout
+                sweeper = asyncio.create_task(_sweep_unacknowledged(settings.redis_url, visibility))
                 try:
                     await supervisor.watch(stop)
                 finally:
                     follow.cancel()
                     sampler.cancel()
+                    sweeper.cancel()
             if display.learner is not None:
                 display.learner = replace(display.learner, stopping=True)
                 live.refresh()
@@ -530,13 +533,12 @@ def _worker_died(redis_url: str, queue: str, reason: str) -> None:
     after the visibility timeout (minutes), while the run waits for them: it is the only
     consumer of `queue` in `up`, so they are put back at once for its restart. One that
     stopped itself gave them back already; with Redis unreachable they wait for the timeout."""
-    import redis
 
     from evoenv_worker.broker import restore_unacknowledged
 
     try:
         restored = restore_unacknowledged(redis_url, [queue])
-    except (redis.RedisError, OSError) as exc:
+    except Exception as exc:  # noqa: BLE001 (Redis away: kombu's or redis's errors)
         log.warning("worker_jobs_not_restored", queue=queue, reason=reason, error=str(exc))
         return
     log.info("worker_died", queue=queue, reason=reason, jobs_restored=restored)
@@ -590,6 +592,31 @@ async def _follow(display: Display, path: Path, live: Live) -> None:
                     out.print(display.line(view), markup=False)
             live.refresh()
         await asyncio.sleep(1.0)
+
+
+SWEEP_SECONDS = 30.0
+"""How often `up` hands back the jobs taken longer ago than the visibility timeout."""
+
+
+async def _sweep_unacknowledged(redis_url: str, visibility: float) -> None:
+    """Every `SWEEP_SECONDS`, the jobs taken more than `visibility` seconds ago and still not
+    acknowledged go back to their queue (`restore_unacknowledged`): kombu's own rule, which
+    each worker applies in a loop that a Redis restart can break (a job retried while Redis
+    was down then waited for ever: docs/DESIGN.md, "Delivery is at least once")."""
+
+    from evoenv_worker.broker import restore_unacknowledged
+
+    while True:
+        await asyncio.sleep(SWEEP_SECONDS)
+        try:
+            restored = await asyncio.to_thread(
+                restore_unacknowledged, redis_url, None, older_than=visibility
+            )
+        except Exception as exc:  # noqa: BLE001 (Redis away: kombu's or redis's errors; next time)
+            log.debug("sweep_skipped", error=str(exc))
+            continue
+        if restored:
+            log.info("jobs_swept_back", jobs=restored, older_than_s=visibility)
 
 
 async def _sample_memory(supervisor: Supervisor, logs: Path) -> None:

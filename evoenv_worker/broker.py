@@ -7,6 +7,7 @@ is dropped with a logged reason, and a channel outlives its connection's loss (s
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Collection
 from typing import Any
 
@@ -80,25 +81,35 @@ def install() -> None:
         kombu.transport._transport_cache.pop(scheme, None)
 
 
-def restore_unacknowledged(url: str, queues: Collection[str], timeout: float = 5.0) -> int:
-    """Hand back to the head of `queues` every job taken from them and not acknowledged, at once
-    instead of once the visibility timeout has run out, and say how many. Only for jobs whose
-    worker is gone, when no live worker consumes `queues`: `evoenv up` calls it when the one
-    worker of a queue has died, before its restart. A job routed to any other queue stays."""
-    wanted = set(queues)
+def restore_unacknowledged(
+    url: str,
+    queues: Collection[str] | None = None,
+    older_than: float | None = None,
+    timeout: float = 5.0,
+) -> int:
+    """Hand back to the head of their queue the jobs taken and not acknowledged, and say how
+    many: those routed to `queues` only (None: any queue), and with `older_than`, only those
+    taken more than that many seconds ago. `evoenv up` calls it when the one worker of a queue
+    has died (its jobs, at once: no live worker holds them) and every `SWEEP_SECONDS` with the
+    visibility timeout (kombu's own rule, which a worker's restore loop stops applying when a
+    Redis restart breaks it). A job routed to another queue, or taken later, stays."""
+    wanted = set(queues) if queues is not None else None
     restored = 0
-    with kombu.Connection(
-        url, connect_timeout=timeout, transport_options={"socket_timeout": timeout}
-    ) as connection:
+    options = {"socket_timeout": timeout, "max_retries": 1}  # Redis down: fail, never wait
+    with kombu.Connection(url, connect_timeout=timeout, transport_options=options) as connection:
         channel = connection.default_channel
         client = channel.client
+        taken = dict(client.zrange(channel.unacked_index_key, 0, -1, withscores=True))
+        ceiling = time.time() - older_than if older_than is not None else float("inf")
         for tag, raw in client.hgetall(channel.unacked_key).items():
+            if taken.get(tag, 0.0) >= ceiling:
+                continue
             try:
                 _, exchange, routing_key = json.loads(raw)
                 targets = set(channel._lookup(exchange, routing_key))
             except MALFORMED_ENTRY_ERRORS:
                 continue  # not kombu's: left for its own restore to judge
-            if targets and targets <= wanted:
+            if targets and (wanted is None or targets <= wanted):
                 channel.qos.restore_by_tag(tag, client=client, leftmost=True)
                 restored += 1
     return restored

@@ -174,8 +174,9 @@ def _watch(
       report (`evoenv job ID`) must come once it resumes;
     - once a checkpoint is written: the learner SIGKILLed (as the kernel's out-of-memory killer
       would);
-    - once a generator group is trained: the vLLM server and the grading worker SIGKILLed
-      (each its command's process group: no proposal the claim waits for is cut off).
+    - once a generator group is trained and a step came after Redis's return: the vLLM server
+      and the grading worker SIGKILLed (each its command's process group: no proposal the
+      claim waits for is cut off).
 
     Once three steps are logged, a generator group was trained, a push reached the restarted
     server, a step came after Redis's return and after the learner's, Flower is back and the
@@ -212,7 +213,11 @@ def _watch(
             judged = run_evoenv(data_dir, "job", w.hostile_job, "--json")
             if judged.returncode != 0 or judged.stdout.lstrip().startswith("{"):
                 w.hostile = judged
-        if _generator_done(seen) and "vllm" not in w.killed:
+        # one fault at a time: vLLM and the grading worker only once a step came after Redis's
+        # return (killed in the same seconds as Redis, as when the first step trained a
+        # generator group, the jobs their failure sent to retry could not reach Redis and
+        # waited out the visibility timeout, 15 minutes: see the round-24 note)
+        if _generator_done(seen) and "vllm" not in w.killed and _step_after_restart(seen, "redis"):
             for name in ("vllm", "worker-grading"):
                 _hit(w, reapers, name, signal.SIGKILL)
         if "learner" not in w.killed and "learner" in reapers:

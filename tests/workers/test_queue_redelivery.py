@@ -192,6 +192,8 @@ def test_a_killed_worker_has_its_jobs_run_by_another(
             assert result.state == "STARTED", "the job ended before the kill"
             assert result.worker == doomed.node
         if handed_back:
+            # `up`'s sweep takes only jobs older than the visibility timeout: not these
+            assert restore_unacknowledged(cluster.redis_url, older_than=VISIBILITY) == 0
             assert restore_unacknowledged(cluster.redis_url, QUEUES) == 2
             assert sum(client.llen(queue) for queue in QUEUES) == 2  # back in their queues
         # Only now may a survivor take the jobs: at once if handed back, else once their
