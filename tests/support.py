@@ -36,6 +36,19 @@ def sandbox_or_missing() -> None:
         pass
 
 
+def pip_install_target(package: Path, target: Path) -> Path:
+    """An exported package, installed by pip into `target` (its own folder, put on a path by
+    whoever uses it), offline and without its dependencies; `target` returned."""
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    subprocess.run(
+        [*pip, "--no-index", "--no-deps", "--no-build-isolation", "--target", str(target), package],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return target
+
+
 def run_isolated(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """`code` run by this Python with no site-packages, no PYTHONPATH and no current folder on
     its path (`-I -S`): what an exported package finds where the project is not installed."""

@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from support import run_isolated, sandbox_or_missing
+from support import pip_install_target, run_isolated, sandbox_or_missing
 from typer.testing import CliRunner
 
 import shared
@@ -132,15 +132,7 @@ def site(
     """The reasoning-gym export of the test archive, installed by pip into its own folder."""
     folder = tmp_path_factory.mktemp("export") / "pool"
     evoenv(archive_env, "pool", "export", "--format", "reasoning-gym", folder)
-    target = folder.parent / "site"
-    pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    subprocess.run(
-        [*pip, "--no-deps", "--no-build-isolation", "--target", str(target), str(folder)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return target
+    return pip_install_target(folder, folder.parent / "site")
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import run_isolated, sandbox_or_missing
+from support import pip_install_target, run_isolated, sandbox_or_missing
 from test_pool_export import environment_of, evoenv, make_archive
-from verifiers_support import LEGACY, V1, client_env, install, result, start
+from verifiers_support import LEGACY, V1, client_env, result, start
 
 from shared.environment import ANSWER_INSTRUCTION, EVAL_SEEDS, TRAIN_SEEDS
 from shared.errors import UsageError
@@ -152,7 +152,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("verifiers")
     env = environment_of(make_archive(root, admitted=False))
     evoenv(env, "pool", "export", "--format", "verifiers", root / "pool")
-    install(root / "pool", root / "site")
+    pip_install_target(root / "pool", root / "site")
     return root / "pool", root / "site"
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import missing
+from support import missing, pip_install_target
 from typer.testing import CliRunner
 
 from evoenv_cli import app
@@ -83,14 +83,7 @@ def test_one_grpo_step_of_trl_on_the_exported_pool(
         app, ["pool", "export", "--format", "reasoning-gym", str(tmp_path / "pool")], env=env
     )
     assert exported.exit_code == 0, (exported.output, exported.exception)
-    pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    target = ["--no-deps", "--no-build-isolation", "--target", str(tmp_path / "site")]
-    subprocess.run(
-        [*pip, *target, str(tmp_path / "pool")],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    pip_install_target(tmp_path / "pool", tmp_path / "site")
     offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     started = time.monotonic()
     done = subprocess.run(

@@ -47,17 +47,6 @@ def folder(version: str) -> Path:
     return path
 
 
-def install(package: Path, target: Path) -> None:
-    """The exported package, installed by pip into `target`, offline and without its deps."""
-    pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    subprocess.run(
-        [*pip, "--no-index", "--no-deps", "--no-build-isolation", "--target", str(target), package],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-
-
 def client_env(version: str, site: Path, home: Path, **extra: str) -> dict[str, str]:
     """The environment of a client of verifiers `version`: the installed export and the
     version's folder on the path (the project's venv below them), a private home (verifiers

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 from e2e_support import Cluster, evoenv
-from verifiers_support import LEGACY, V1, client_env, install, result, start
+from support import pip_install_target
+from verifiers_support import LEGACY, V1, client_env, result, start
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -148,7 +149,7 @@ def test_each_verifiers_evaluates_the_pool_against_the_server(
         check=False,
     )
     assert exported.returncode == 0, exported.stderr[-3000:]
-    install(tmp_path / "pool", tmp_path / "site")
+    pip_install_target(tmp_path / "pool", tmp_path / "site")
     model = cluster.settings().model
     seen = evaluate_both(tmp_path / "site", f"{cluster.server.url}/v1", model, tmp_path)
     check_legacy(seen[LEGACY])
