@@ -293,7 +293,7 @@ class Trainer:
         """Forward and backward over one micro-batch; its tokens carry the weights computed
         over the whole batch (`TrainSequence.token_weight`), so gradients add up to the
         batch's loss; its figures are token means over the batch (`metrics.tokens`)."""
-        batch = _collate(sequences, self.device)
+        batch = _collate(sequences, self.device, self.settings.pad_to_multiple)
         logprobs, entropy = self._logprobs(self.model, batch, with_entropy=self.compute_entropy)
         ref_logprobs = self._reference_logprobs(batch)
         loss, part = grpo_loss(
@@ -315,7 +315,7 @@ class Trainer:
         metrics.ratio_mean += part.ratio_mean * weight
         metrics.kl += part.kl * weight
         metrics.entropy += entropy / metrics.tokens
-        metrics.total_tokens += int(batch.attention_mask.sum().item())
+        metrics.total_tokens += batch.real_tokens
 
     @torch.no_grad()
     def _reference_logprobs(self, batch: _Batch) -> torch.Tensor | None:
@@ -403,7 +403,7 @@ class Trainer:
             return token_logprobs(logits, batch.targets), total
         with self._autocast():
             hidden = model.get_decoder()(
-                input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
+                input_ids=batch.input_ids, use_cache=False
             ).last_hidden_state
         head = model.get_output_embeddings().weight
         # column j of the kept positions predicts input token first + j + 1; the last predicts none
@@ -429,7 +429,6 @@ class Trainer:
         with self._autocast():
             out = model(
                 input_ids=batch.input_ids,
-                attention_mask=batch.attention_mask,
                 logits_to_keep=batch.keep,
                 use_cache=False,
             )
@@ -449,7 +448,7 @@ class Trainer:
             0.0,
             self.temperatures[role],
         )
-        batch = _collate([seq], self.device)
+        batch = _collate([seq], self.device, self.settings.pad_to_multiple)
         logprobs, _ = self._logprobs(self.model, batch)
         return logprobs[batch.mask].tolist()
 
@@ -628,8 +627,10 @@ class Trainer:
 @dataclass(frozen=True, slots=True)
 class _Batch:
     input_ids: torch.Tensor
-    """[B, T] prompt + completion, right-padded with 0."""
-    attention_mask: torch.Tensor
+    """[B, T] prompt + completion, right-padded with 0 (the model is called without an
+    attention mask: under causal attention no real token sees the padding after it)."""
+    real_tokens: int
+    """Prompt and completion tokens of the batch, the padding left out."""
     keep: int
     """Logit columns the model computes: the last `keep` positions."""
     targets: torch.Tensor
@@ -643,31 +644,31 @@ class _Batch:
     """[B] what each completion token of a row weighs in the loss."""
 
 
-def _collate(sequences: Sequence[TrainSequence], device: torch.device) -> _Batch:
-    """Right-pad a micro-batch and line the behaviour log-probs up with the logit columns.
+def _collate(sequences: Sequence[TrainSequence], device: torch.device, multiple: int = 1) -> _Batch:
+    """Right-pad a micro-batch to a multiple of `multiple` tokens and line the behaviour
+    log-probs up with the logit columns.
 
     Position p's logits predict token p + 1, so a completion starting at position P is
     predicted by columns P - 1 ... ; only columns from the shortest prompt's end on are kept
     (no logits are computed over most of the prompts)."""
-    length = max(len(s.prompt) + len(s.completion) for s in sequences)
+    lengths = [len(s.prompt) + len(s.completion) for s in sequences]
+    length = -(-max(lengths) // multiple) * multiple
     first = min(len(s.prompt) for s in sequences) - 1
     width = length - first - 1
     size = len(sequences)
     input_ids = torch.zeros(size, length, dtype=torch.long)
-    attention_mask = torch.zeros(size, length, dtype=torch.long)
     mask = torch.zeros(size, width, dtype=torch.bool)
     old = torch.zeros(size, width, dtype=torch.float32)
     for row, seq in enumerate(sequences):
         tokens = seq.prompt + seq.completion
         input_ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-        attention_mask[row, : len(tokens)] = 1
         begin = len(seq.prompt) - 1 - first
         end = begin + len(seq.completion)
         mask[row, begin:end] = True
         old[row, begin:end] = torch.tensor(seq.old_logprobs, dtype=torch.float32)
     return _Batch(
         input_ids=input_ids.to(device),
-        attention_mask=attention_mask.to(device),
+        real_tokens=sum(lengths),
         keep=width + 1,
         targets=input_ids[:, first + 1 :].to(device),
         mask=mask.to(device),

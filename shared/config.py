@@ -295,6 +295,12 @@ class GrpoSettings(BaseModel):
     """Groups per optimiser step (gradient accumulation over them)."""
     micro_batch: int = Field(4, ge=1)
     """Sequences per forward/backward pass."""
+    pad_to_multiple: int = Field(64, ge=1)
+    """Each micro-batch is right-padded to a multiple of this many tokens (1: no padding), so
+    that its shapes come from a few dozen lengths: the CPU's matrix libraries keep kernels and
+    buffers for every shape they have seen, and unpadded lengths grew the learner by 13 MiB a
+    solver step without end (docs/results.md#learner-memory). The padding is after every real
+    token, so causal attention keeps it out of every log-prob."""
     compute_dtype: Literal["bfloat16", "float32"] | None = None
     """Dtype of the trainer's forward and backward passes (autocast; the master weights and
     AdamW stay float32); unset: bfloat16 on a GPU or a CPU with AMX or AVX512-BF16, float32 on

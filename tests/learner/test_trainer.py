@@ -184,9 +184,11 @@ class StepGradient(torch.optim.SGD):
         self.seen = torch.cat([g.flatten() for g in grads]).double()
 
 
-def step_gradient(model_dir: Path, groups: list[GradedGroup]) -> torch.Tensor:
+def step_gradient(
+    model_dir: Path, groups: list[GradedGroup], **overrides: int | float
+) -> torch.Tensor:
     """The gradient one real step over `groups` takes (micro-batches of 2, never clipped)."""
-    trainer = Trainer(model_dir, settings(micro_batch=2, max_grad_norm=1e9))
+    trainer = Trainer(model_dir, settings(micro_batch=2, max_grad_norm=1e9, **overrides))
     recorder = StepGradient(trainer.trainable)
     trainer.optimizer = recorder
     trainer.step(groups)
@@ -230,6 +232,38 @@ def test_doubling_the_generators_lengths_leaves_its_share_of_the_gradient(
         assert residual <= 1e-4 * torch.linalg.vector_norm(mixed)  # exactly such a mix
         shares.append(beta / (alpha + beta))
     assert shares == pytest.approx([4 / 7, 4 / 7], rel=1e-4)
+
+
+def test_micro_batches_are_padded_to_the_multiple_and_the_gradient_is_unchanged(
+    model_dir: Path,
+) -> None:
+    """Every forward pass of a step sees a length that is a multiple of `pad_to_multiple`
+    (a few shapes, whatever the completions' lengths), and the step's gradient and log-probs
+    are those of the unpadded batch."""
+    trainer = Trainer(model_dir, settings(micro_batch=2, pad_to_multiple=16))
+    groups = [make_group(trainer, [1.0, 0.0, 0.5], seed=1), make_group(trainer, [0.0, 1.0], seed=3)]
+    lengths: list[int] = []
+    trainer.model.get_decoder().register_forward_pre_hook(
+        lambda _module, _args, kwargs: lengths.append(kwargs["input_ids"].shape[1]),
+        with_kwargs=True,
+    )
+    metrics = trainer.step(groups)
+    assert lengths and all(length % 16 == 0 for length in lengths)
+    sequences = [c for g in groups for c in g.completions]
+    assert metrics.total_tokens == sum(len(c.prompt_token_ids + c.token_ids) for c in sequences)
+
+    padded = step_gradient(model_dir, groups, pad_to_multiple=16)
+    unpadded = step_gradient(model_dir, groups, pad_to_multiple=1)
+    torch.testing.assert_close(padded, unpadded, rtol=1e-4, atol=1e-6)
+    completion = groups[0].completions[0]
+    logprobs = {}
+    for multiple in (1, 16):
+        trainer.settings.pad_to_multiple = multiple
+        logprobs[multiple] = trainer.completion_logprobs(
+            completion.prompt_token_ids, completion.token_ids
+        )
+    assert len(logprobs[16]) == len(completion.token_ids)
+    assert logprobs[16] == pytest.approx(logprobs[1], abs=1e-5)
 
 
 def test_kl_to_reference(model_dir: Path) -> None:
