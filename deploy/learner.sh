@@ -9,9 +9,9 @@
 #   EVOENV_MODEL, EVOENV_DATA_DIR, EVOENV_RUN
 #   EVOENV_STREAM_KEY                       checks the stream's entries: the workers' key
 #   EVOENV_GRPO__*, EVOENV_LEARNER__*       the objective, batch, staleness, checkpoints, pushes
-# One training device (GPU when present, else CPU). `--gpus N` (first argument) trains data
-# parallel on N GPUs of this host through torchrun: rank 0 is the learner, the other ranks
-# train their share of every batch (see evoenv_learner/distributed.py).
+# One training device (GPU when present, else CPU). `--gpus N` (first argument) trains on N
+# GPUs of this host through torchrun, sharded (FSDP2): rank 0 is the learner, every rank
+# trains its share of every batch (see evoenv_learner/distributed.py).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 if [[ "${1:-}" == "--gpus" ]]; then

@@ -513,10 +513,9 @@ def _learner(
     }
     if split is not None:
         own["OMP_NUM_THREADS"] = str(len(split[1]))
-    argv = _evoenv("-v", "learner", "--resume", *(["--steps", str(steps)] if steps else []))
     return Child(
         "learner",
-        argv,
+        learner_argv(settings.learner.ranks, steps),
         own,
         logs / "learner.log",
         cpus=split[1] if split is not None else None,
@@ -526,6 +525,16 @@ def _learner(
         finishes=True,
         died=functools.partial(_learner_died, settings),
     )
+
+
+def learner_argv(ranks: int, steps: int | None) -> list[str]:
+    """`evoenv learner --resume`, through torchrun on `ranks` processes when more than one
+    (sharded: `evoenv_learner/distributed.py`)."""
+    args = ["-v", "learner", "--resume", *(["--steps", str(steps)] if steps else [])]
+    if ranks == 1:
+        return _evoenv(*args)
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+    return [sys.executable, *launcher, "-m", "evoenv_cli", *args]
 
 
 def _worker_died(redis_url: str, queue: str, reason: str) -> None:

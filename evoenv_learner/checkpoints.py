@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from shared.errors import DiskFull
 
@@ -51,8 +52,10 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     seen: set[int] = set()
     total = 0
     for tensor in tensors:
-        if tensor.data_ptr() not in seen:
-            seen.add(tensor.data_ptr())
+        # a shard (DTensor): its numel() is the whole tensor's
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        if local.data_ptr() not in seen:
+            seen.add(local.data_ptr())
             total += tensor.numel() * tensor.element_size()
     return total
 

@@ -1,13 +1,13 @@
-"""Data-parallel training on several devices, started with torch's own launcher
-(`torchrun --nproc_per_node 4 --no-python evoenv learner --resume`). Rank 0 is the whole
-learner; every other rank only trains its share of each batch (see `DataParallel`). Without
-the launcher's variables (WORLD_SIZE unset or 1) nothing here is used.
+"""Sharded data-parallel training (torch's FSDP2) on several devices, started with torchrun
+(`torchrun --nproc_per_node 4 --no-python evoenv learner --resume`, or `learner.ranks` under
+`evoenv up`). Rank 0 is the whole learner; every other rank only trains its share of each batch
+(see `DataParallel`). Without the launcher's variables (WORLD_SIZE unset or 1) nothing here is used.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -18,27 +18,22 @@ import torch.distributed as dist
 
 log = structlog.get_logger(__name__)
 
-BUCKET_ELEMENTS = 1 << 24
-"""Gradients are all-reduced in flat buckets of about this many elements (64 MiB in fp32)."""
-
 
 @dataclass(frozen=True, slots=True)
 class DataParallel:
-    """This process's place in a data-parallel group started by torchrun.
+    """This process's place in a sharded data-parallel group started by torchrun.
 
     Rank 0 is the learner exactly as in one process: orchestrator, consumer, weight pushes,
-    checkpoints, evaluation. Every other rank only trains: it holds a replica of the policy and
-    carries out rank 0's commands (train on these groups, load this checkpoint, stop). In a
-    step every rank builds the same sequences from the same groups, runs its share of the
-    micro-batches (round robin, `mine`), and the gradients are summed across ranks before
-    clipping and the optimiser step, which every rank then takes on equal gradients: the
-    replicas stay equal without weights ever being sent. The loss is normalised by the whole
-    batch's token count on every rank, so a step equals the one-process step up to the order
-    of floating-point sums.
-
-    Gradients are summed with plain all-reduces after the backward passes (`sum_gradients`)
-    rather than through DistributedDataParallel, whose per-backward hooks would deadlock when
-    ranks run different numbers of micro-batches (a batch rarely divides evenly).
+    checkpoints, evaluation. Every other rank only trains: it carries out rank 0's commands
+    (train on these groups, write or load a checkpoint, gather the weights, stop). Parameters,
+    gradients and AdamW's state are sharded across the ranks with FSDP2 (`shard`): each rank
+    holds 1/world of each, and gathers a layer's weights only while it runs it. In a step every
+    rank builds the same sequences from the same groups and runs its share of the micro-batches
+    (round robin, `mine`), padded with empty ones so that every rank runs as many (FSDP2's
+    collectives would wait forever otherwise); the gradients are summed across the ranks as
+    the backward passes end (reduce-scatter), and each rank steps AdamW on its shard. The loss
+    is normalised by the whole batch's token count on every rank, so a step equals the
+    one-process step up to the order of floating-point sums.
 
     Backend: NCCL with one GPU per rank (`cuda:LOCAL_RANK`), gloo on CPUs.
     """
@@ -90,20 +85,26 @@ class DataParallel:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def sum_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
-        """Replace every gradient with its sum over the ranks (a missing one counts as zero)."""
-        grads = []
-        for param in params:
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-            grads.append(param.grad)
-        for bucket in _buckets(grads, BUCKET_ELEMENTS):
-            flat = torch.cat([grad.reshape(-1) for grad in bucket])
-            dist.all_reduce(flat)
-            offset = 0
-            for grad in bucket:
-                grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-                offset += grad.numel()
+    def shard(self, root: torch.nn.Module, blocks: Sequence[torch.nn.Module]) -> None:
+        """Shard `root`'s parameters across the ranks (FSDP2's `fully_shard`): each of `blocks`
+        (the decoder layers) is its own unit, gathered only while it runs; `root` holds the rest
+        (embeddings, final norm, head). Gradients are summed across the ranks, not averaged,
+        with plain sums on the wire (gloo has no pre-multiplied sum)."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        mesh = init_device_mesh(self.device.type, (self.world,))
+        for block in blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(root, mesh=mesh)
+        for module in root.modules():
+            if isinstance(module, FSDPModule):
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)
+
+    def rounds(self, count: int) -> int:
+        """Micro-batches every rank runs when a batch has `count`: the largest share."""
+        return -(-count // self.world)
 
     def sum_floats(self, values: Sequence[float]) -> list[float]:
         """`values` summed elementwise over the ranks."""
@@ -113,23 +114,9 @@ class DataParallel:
         return [float(v) for v in tensor.tolist()]
 
 
-def _buckets(grads: Sequence[torch.Tensor], size: int) -> Iterable[list[torch.Tensor]]:
-    """Consecutive runs of same-dtype gradients of about `size` elements each."""
-    bucket: list[torch.Tensor] = []
-    count = 0
-    for grad in grads:
-        if bucket and (count + grad.numel() > size or grad.dtype != bucket[0].dtype):
-            yield bucket
-            bucket, count = [], 0
-        bucket.append(grad)
-        count += grad.numel()
-    if bucket:
-        yield bucket
-
-
 def follow(settings: Any, parallel: DataParallel) -> None:
-    """A rank other than 0: build the replica from the folder rank 0 prepared, then carry out
-    its commands until it says stop (`Trainer.follow`)."""
+    """A rank other than 0: load the model from the folder rank 0 prepared and take its shard,
+    then carry out rank 0's commands until it says stop (`Trainer.follow`)."""
     from evoenv_learner.trainer import Trainer
 
     model_path = parallel.broadcast()

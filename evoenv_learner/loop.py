@@ -271,7 +271,13 @@ async def build(
         parallel=parallel,
     )
     publisher = await asyncio.to_thread(
-        make_publisher, settings, sync_redis, trainer.model, run_dir / "weights", model_path
+        make_publisher,
+        settings,
+        sync_redis,
+        trainer.model,
+        run_dir / "weights",
+        model_path,
+        sharded=parallel is not None,
     )
     state = LearnerState(version=read_version(sync_redis))
     take_turns = settings.learner.take_turns
@@ -360,7 +366,9 @@ async def _resume(
     state.funnel = dict(extra.get("funnel", {}))
     state.tokens = int(extra.get("tokens", 0))
     target = max(int(extra.get("version", 0)), read_version(sync_redis)) + 1
-    state.version = await asyncio.to_thread(publisher.publish, trainer.model, target)
+    state.version = await asyncio.to_thread(
+        lambda: publisher.publish(trainer.weights_for_push(), target)
+    )
     log.info("learner_resumed", checkpoint=str(latest), step=state.step, version=state.version)
     return extra
 
@@ -472,7 +480,9 @@ class Learner:
         started = time.perf_counter()
         owed = republish is not None and republish.is_set()  # this push settles that debt
         try:
-            self.state.version = await asyncio.to_thread(self.publisher.publish, self.trainer.model)
+            self.state.version = await asyncio.to_thread(
+                lambda: self.publisher.publish(self.trainer.weights_for_push())
+            )
             if owed:
                 republish.clear()  # type: ignore[union-attr]
         except (PushFailed, ServiceUnavailable) as exc:

@@ -23,7 +23,7 @@ import torch
 from evoenv_learner.checkpoints import disk_full_as_error, require_space
 from shared import pauses, policy
 from shared.config import Settings
-from shared.errors import EvoEnvError, ServiceUnavailable
+from shared.errors import EvoEnvError, ServiceUnavailable, UsageError
 from shared.hardware import cpu_flags, serving_dtype
 from shared.inference import bearer
 
@@ -37,6 +37,10 @@ class PushFailed(EvoEnvError):
     """New weights could not be made live on every server; the previous ones were put back."""
 
 
+Weights = torch.nn.Module | Mapping[str, torch.Tensor]
+"""What a push sends: the training module, or (from a sharded learner) its gathered weights."""
+
+
 class WeightPublisher(Protocol):
     """Makes a model's current weights live on every server; returns the new policy version.
 
@@ -47,7 +51,7 @@ class WeightPublisher(Protocol):
     """Whether `publish` pauses the servers (full weights) or not (an adapter, loaded beside
     the others): a push that pauses nothing is made while a step still holds them."""
 
-    def publish(self, model: torch.nn.Module, version: int | None = None) -> int:
+    def publish(self, model: Weights, version: int | None = None) -> int:
         """Push `model`'s weights as `version` (default: the version in Redis plus one)."""
         ...
 
@@ -175,12 +179,14 @@ class ServerControl:
         return int(response.json()["world_size"])
 
 
-def write_weights(model: torch.nn.Module, folder: Path, dtype: torch.dtype) -> Path:
-    """Save `model`'s weights as one safetensors file in `folder` (tied weights once), floating
-    ones in `dtype`, one tensor cast at a time (`write_safetensors`)."""
+def write_weights(model: Weights, folder: Path, dtype: torch.dtype) -> Path:
+    """Save `model`'s weights (a module, or its weights by name) as one safetensors file in
+    `folder` (tied weights once), floating ones in `dtype`, one tensor cast at a time
+    (`write_safetensors`)."""
     tensors: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
-    for name, tensor in model.state_dict().items():
+    state = model.state_dict() if isinstance(model, torch.nn.Module) else model
+    for name, tensor in state.items():
         key = tensor.data_ptr()
         if key in seen:
             continue  # a tied weight (e.g. lm_head sharing the embeddings): keep the first name
@@ -394,7 +400,7 @@ class ReloadPublisher(_Pusher):
         self.keep = max(keep, 1)
         push_dir.mkdir(parents=True, exist_ok=True)
 
-    def publish(self, model: torch.nn.Module, version: int | None = None) -> int:
+    def publish(self, model: Weights, version: int | None = None) -> int:
         new = self.next_version(version)
         start = time.monotonic()
         folder = write_weights(model, self.push_dir / f"v{new:08d}", self.dtype)
@@ -496,9 +502,10 @@ class AdapterPublisher(_Pusher):
         """The adapter versions each server holds, as far as this publisher knows (those a
         previous learner left are found at start, and retired like the others)."""
 
-    def publish(self, model: torch.nn.Module, version: int | None = None) -> int:
+    def publish(self, model: Weights, version: int | None = None) -> int:
         from evoenv_learner.lora import write_adapter
 
+        assert isinstance(model, torch.nn.Module), "an adapter push sends the LoRA module"
         new = self.next_version(version)
         start = time.monotonic()
         folder = write_adapter(model, self.push_dir / f"v{new:08d}", self.dtype)
@@ -602,7 +609,7 @@ class NcclPublisher(_Pusher):
             )
         log.info("nccl_publisher_ready", servers=len(self.servers), master=master_address)
 
-    def publish(self, model: torch.nn.Module, version: int | None = None) -> int:
+    def publish(self, model: Weights, version: int | None = None) -> int:
         if model is not self.model:
             raise ValueError("NcclPublisher streams the module it was built with")
         new = self.next_version(version)
@@ -645,6 +652,7 @@ def make_publisher(
     *,
     master_address: str = "127.0.0.1",
     master_port: int = 29600,
+    sharded: bool = False,
 ) -> WeightPublisher:
     """The mechanism for `settings.vllm_urls`: in LoRA mode adapters loaded from folders under
     `push_dir`; otherwise the one `settings.serve.weight_push` selects, NCCL streaming `model`,
@@ -661,6 +669,11 @@ def make_publisher(
             api_key=api_key,
         )
     if settings.serve.weight_push == "nccl":
+        if sharded:
+            raise UsageError(
+                "EVOENV_SERVE__WEIGHT_PUSH=nccl streams one process's module, and this learner "
+                "is sharded across ranks: use the default push (reload from files)"
+            )
         return NcclPublisher(
             settings.vllm_urls,
             redis_client,

@@ -11,6 +11,7 @@ import json
 import shutil
 import threading
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 import structlog
 import torch
 from safetensors.torch import load_file
+from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from evoenv_learner.checkpoints import (
@@ -59,6 +61,8 @@ from shared.messages import GradedGroup
 
 log = structlog.get_logger(__name__)
 
+SHARDS_DIR = "shards"
+"""A sharded checkpoint's weights and optimiser state (torch.distributed.checkpoint)."""
 ENTROPY_CHUNK = 256
 """Rows of logits per chunk when computing the entropy metric (bounds its memory)."""
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
@@ -139,10 +143,13 @@ class Trainer:
     than bf16's resolution being lost. Dropout is switched off: the importance ratios compare
     deterministic forward passes.
 
-    Data parallel (`parallel`, see `distributed.py`): rank 0's `step` and `load_checkpoint`
-    first send the command to the other ranks, which run `follow()`; each rank runs its share
-    of the micro-batches and the gradients and figures are summed across ranks before the
-    optimiser step.
+    Sharded data parallel (`parallel`, see `distributed.py`): the model, its gradients and
+    AdamW's state are sharded across the ranks (FSDP2). Rank 0's `step`, `save_checkpoint`,
+    `load_checkpoint` and `weights_for_push` first send the command to the other ranks, which
+    run `follow()`; each rank runs its share of the micro-batches (every rank as many), and
+    the figures are summed across the ranks before the optimiser step. Checkpoints are written
+    as shards (torch.distributed.checkpoint), which one process can load too; LoRA trains in
+    one process only.
 
     LoRA (`settings.lora_rank` > 0, `lora` true; see `lora.py`): the model is wrapped with a
     peft LoRA adapter on `settings.lora_target_modules`; the base weights stay frozen and AdamW
@@ -183,10 +190,18 @@ class Trainer:
         self.lora = settings.lora_rank > 0
         """Only a LoRA adapter is trained (the base weights are frozen)."""
 
+        if parallel is not None and self.lora:
+            raise UsageError(
+                "LoRA trains in one process (EVOENV_GRPO__LORA_RANK="
+                f"{settings.lora_rank} with {parallel.world} ranks): run the learner without "
+                "torchrun, or set EVOENV_GRPO__LORA_RANK=0 for sharded full fine-tuning"
+            )
         self.model = self._load_model(param_dtype)
         if self.lora:
             self.model = with_lora(self.model, settings, self.device)
         self.chunked_head = _head_is_plain(self.model)
+        self.tied = _tied_names(self.model)
+        """Names of weights that are another weight (the head tied to the embeddings)."""
         self.model.train()
         if _checkpointing(gradient_checkpointing, settings):
             self.model.gradient_checkpointing_enable({"use_reentrant": False})
@@ -197,6 +212,14 @@ class Trainer:
         switching the adapter off: None there, as without a KL term)."""
         if self.reference is not None:
             self.reference.requires_grad_(False)
+        self._passes: dict[int, _Passes] = {}
+        """Under sharding, each model's log-prob pass as the root module FSDP2 wraps."""
+        if parallel is not None:
+            for model in (self.model, self.reference):
+                if model is not None:
+                    passes = _Passes(model, self._logprobs_of)
+                    parallel.shard(passes, _blocks(model))
+                    self._passes[id(model)] = passes
         self.tokenizer = (
             AutoTokenizer.from_pretrained(self.model_path)
             if any((self.model_path / name).is_file() for name in TOKENIZER_FILES)
@@ -248,6 +271,10 @@ class Trainer:
                 self._step(command[1])
             elif command[0] == "load":
                 self._load_checkpoint(command[1])
+            elif command[0] == "save":
+                self._save_shards(Path(command[1]))
+            elif command[0] == "gather":
+                self._full_weights()
             else:
                 log.info("follower_stopped", rank=self.parallel.rank, step=self.step_count)
                 return
@@ -282,6 +309,10 @@ class Trainer:
                     raise StepInterrupted(f"step {self.step_count + 1} abandoned")
                 self._accumulate(chunks[index], metrics)
             if self.parallel is not None:
+                # every rank runs as many passes: the short ones add empty micro-batches
+                empty = [replace(s, token_weight=0.0) for s in min(chunks, key=_chunk_tokens)]
+                for _ in range(self.parallel.rounds(len(chunks)) - len(mine)):
+                    self._accumulate(empty, metrics, counted=False)
                 self._sum_over_ranks(metrics)
             self._optimizer_step(metrics)
         metrics.step = self.step_count
@@ -289,10 +320,13 @@ class Trainer:
         metrics.tokens_per_second = metrics.total_tokens / max(metrics.seconds, 1e-9)
         return metrics
 
-    def _accumulate(self, sequences: Sequence[TrainSequence], metrics: StepMetrics) -> None:
+    def _accumulate(
+        self, sequences: Sequence[TrainSequence], metrics: StepMetrics, *, counted: bool = True
+    ) -> None:
         """Forward and backward over one micro-batch; its tokens carry the weights computed
         over the whole batch (`TrainSequence.token_weight`), so gradients add up to the
-        batch's loss; its figures are token means over the batch (`metrics.tokens`)."""
+        batch's loss; its figures are token means over the batch (`metrics.tokens`). An
+        uncounted one (a sharded rank's empty micro-batch) adds nothing to either."""
         batch = _collate(sequences, self.device, self.settings.pad_to_multiple)
         logprobs, entropy = self._logprobs(self.model, batch, with_entropy=self.compute_entropy)
         ref_logprobs = self._reference_logprobs(batch)
@@ -307,6 +341,9 @@ class Trainer:
             ref_logprobs,
             token_weights=batch.token_weights,
         )
+        if not counted:
+            (loss * 0.0).backward()
+            return
         loss.backward()
         weight = part.tokens / metrics.tokens
         metrics.loss += float(loss.item())
@@ -329,9 +366,9 @@ class Trainer:
         return None
 
     def _sum_over_ranks(self, metrics: StepMetrics) -> None:
-        """Each rank ran its share of the micro-batches: sum gradients and figures."""
+        """Each rank ran its share of the micro-batches: sum the figures (the gradients were
+        summed by the backward passes' reduce-scatters)."""
         assert self.parallel is not None
-        self.parallel.sum_gradients(self.trainable)
         names = ("loss", "policy_loss", "clip_fraction", "ratio_mean", "kl", "entropy")
         values = [getattr(metrics, name) for name in names] + [metrics.total_tokens]
         summed = self.parallel.sum_floats(values)
@@ -342,6 +379,8 @@ class Trainer:
     def _optimizer_step(self, metrics: StepMetrics) -> None:
         """Clip the gradient norm and step; a non-finite gradient skips the update."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.settings.max_grad_norm)
+        if isinstance(grad_norm, DTensor):
+            grad_norm = grad_norm.full_tensor()
         metrics.grad_norm = float(grad_norm.item())
         if torch.isfinite(grad_norm):
             self.optimizer.step()
@@ -396,7 +435,17 @@ class Trainer:
     ) -> tuple[torch.Tensor, float]:
         """Log-probs [B, keep - 1] of each kept column's target at the rows' temperatures
         (zero where the mask is false), and the summed entropy over the masked tokens
-        (0.0 unless `with_entropy`)."""
+        (0.0 unless `with_entropy`). Under sharding through the model's `_Passes`, whose
+        hooks gather the weights outside the decoder layers around the whole pass."""
+        passes = self._passes.get(id(model))
+        if passes is not None:
+            result: tuple[torch.Tensor, float] = passes(batch, with_entropy)
+            return result
+        return self._logprobs_of(model, batch, with_entropy)
+
+    def _logprobs_of(
+        self, model: Any, batch: _Batch, with_entropy: bool
+    ) -> tuple[torch.Tensor, float]:
         if not self.chunked_head:
             logits = self._logits(model, batch)
             total = _entropy_sum(logits.detach(), batch.mask) if with_entropy else 0.0
@@ -440,7 +489,10 @@ class Trainer:
         self, prompt_token_ids: Sequence[int], token_ids: Sequence[int], role: Role = "solver"
     ) -> list[float]:
         """Log-probs of `token_ids` after `prompt_token_ids` under the current policy, at the
-        role's training temperature."""
+        role's training temperature (one process only: under sharding it would need every
+        rank)."""
+        if self.parallel is not None:
+            raise UsageError("completion_logprobs runs in one process, not under sharding")
         seq = TrainSequence(
             list(prompt_token_ids),
             list(token_ids),
@@ -465,6 +517,9 @@ class Trainer:
         with a final name is always complete. In LoRA mode `adapter/` (peft's save_pretrained
         of the adapter, float32) replaces `model/`: the base weights are the model folder's.
 
+        Under sharding `shards/` (every rank's part of the weights and AdamW's state,
+        torch.distributed.checkpoint) replaces `model/` and `optimizer.pt`.
+
         `extra` is any JSON-serialisable dict (policy version, stream position, pool state);
         `load_checkpoint` gives it back."""
         root = Path(root)
@@ -473,6 +528,7 @@ class Trainer:
                 "step": self.step_count,
                 "extra": dict(extra or {}),
                 "saved_at": time.time(),
+                "ranks": self.parallel.world if self.parallel else 1,
                 **mode_record(self.settings),
             }
         )
@@ -484,13 +540,17 @@ class Trainer:
         what = f"the step-{self.step_count} checkpoint"
         require_space(root, needed, what)
         with atomic_dir(target) as tmp, disk_full_as_error(root, what, needed):
-            if self.lora:
+            if self.parallel is not None:
+                self.parallel.broadcast(("save", str(tmp)))
+                self._save_shards(tmp)
+            elif self.lora:
                 save_adapter(self.model, tmp / ADAPTER_DIR)
             else:
                 self.model.save_pretrained(tmp / "model")
                 if self.tokenizer is not None:
                     self.tokenizer.save_pretrained(tmp / "model")
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            if self.parallel is None:
+                torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save(rng_state(), tmp / "rng.pt")
             (tmp / STATE_FILE).write_text(state)
         for old in list_checkpoints(root)[: -max(keep, 1)]:
@@ -509,6 +569,7 @@ class Trainer:
         two moments, and a MiB for the configs, model card and RNG state."""
         if self.lora:
             return 3 * tensor_bytes(self.trainable) + 2**20
+        # under sharding the ranks' shards add up to the whole (the same disk)
         trainable = (p for p in self.model.parameters() if p.requires_grad)
         weights = tensor_bytes(self.model.state_dict().values())
         return weights + 2 * tensor_bytes(trainable) + 2**25
@@ -534,18 +595,27 @@ class Trainer:
                 raise FileNotFoundError(f"no checkpoint in {path}")
             path = latest
         check_mode(path.name, json.loads((path / STATE_FILE).read_text()), self.settings)
+        if self.parallel is not None and not (path / SHARDS_DIR).is_dir():
+            raise UsageError(
+                f"checkpoint {path.name} was written by one process (model/, optimizer.pt) and "
+                "a sharded learner resumes only sharded ones: resume it without torchrun, or "
+                "export it (evoenv export) and start a new run from that folder"
+            )
         return path
 
     def _load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         path = self._checkpoint_folder(path)
         state = json.loads((path / STATE_FILE).read_text())
-        if self.lora:
-            load_adapter(self.model, path / ADAPTER_DIR, self.device)
+        if (path / SHARDS_DIR).is_dir():
+            self._load_shards(path / SHARDS_DIR)
         else:
-            _load_weights(self.model, path / "model", self.device)
-        self.optimizer.load_state_dict(
-            torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True)
-        )
+            if self.lora:
+                load_adapter(self.model, path / ADAPTER_DIR, self.device)
+            else:
+                _load_weights(self.model, path / "model", self.device)
+            self.optimizer.load_state_dict(
+                torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True)
+            )
         for group in self.optimizer.param_groups:
             group["lr"] = self.settings.learning_rate
             group["weight_decay"] = self.settings.weight_decay
@@ -553,6 +623,52 @@ class Trainer:
         self.step_count = int(state["step"])
         log.info("checkpoint_loaded", path=str(path), step=self.step_count)
         return dict(state["extra"])
+
+    def _save_shards(self, folder: Path) -> None:
+        """Every rank: its shard of the weights and of AdamW's state into `folder/shards`
+        (torch.distributed.checkpoint; rank 0 writes the index)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        weights, optimizer = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": weights, "optimizer": optimizer}, checkpoint_id=folder / SHARDS_DIR)
+
+    def _load_shards(self, folder: Path) -> None:
+        """The weights and AdamW's state from shards, resharded to this process's place (one
+        process loads the whole)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        weights, optimizer = get_state_dict(self.model, self.optimizer)
+        state: dict[str, Any] = {"model": weights, "optimizer": optimizer}
+        with warnings.catch_warnings():  # one process: "assuming ... a single process", right
+            warnings.filterwarnings("ignore", "torch.distributed is disabled")
+            dcp.load(state, checkpoint_id=folder)
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+        )
+
+    def weights_for_push(self) -> torch.nn.Module | dict[str, torch.Tensor]:
+        """What a weight push writes: the model itself in one process; under sharding its
+        whole weights gathered on rank 0, on the CPU, tied ones once (a collective: rank 0
+        sends the command to the other ranks)."""
+        if self.parallel is None:
+            return self.model
+        self.parallel.broadcast(("gather",))
+        return self._full_weights()
+
+    def _full_weights(self) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        full: dict[str, Any] = get_model_state_dict(self.model, options=options)
+        return {name: tensor for name, tensor in full.items() if name not in self.tied}
 
     def export_hf(self, folder: str | Path, *, dtype: torch.dtype | None = None) -> Path:
         """The policy as a Hugging Face folder (config, safetensors, tokenizer), written
@@ -562,6 +678,8 @@ class Trainer:
         the CPU (`lora.merged_model`; the training model keeps its adapter and trains on): a
         plain folder any Hugging Face or vLLM loader reads, no peft needed."""
         dtype = dtype or self.source_dtype
+        if self.parallel is not None:
+            return self._save_gathered(Path(folder), dtype, tokenizer=True)
         if self.lora:
             merged = merged_model(self.model_path, self.model, self.settings)
             return self._save_hf(Path(folder), dtype, tokenizer=True, model=merged)
@@ -581,6 +699,8 @@ class Trainer:
                 f"adapter (EVOENV_GRPO__LORA_RANK={self.settings.lora_rank}): push it with "
                 "save_adapter_for_push, or merged weights with export_hf"
             )
+        if self.parallel is not None:
+            return self._save_gathered(Path(folder), dtype or self.source_dtype, tokenizer=False)
         return self._save_hf(Path(folder), dtype or self.source_dtype, tokenizer=False)
 
     def save_adapter_for_push(
@@ -605,6 +725,24 @@ class Trainer:
         size = dtype.itemsize if dtype is not None else None
         return sum(p.numel() * (size or p.element_size()) for p in self.trainable)
 
+    def _save_gathered(self, folder: Path, dtype: torch.dtype, *, tokenizer: bool) -> Path:
+        """Rank 0 under sharding: the gathered weights in save_pretrained's layout (config,
+        `model.safetensors`, the tokenizer), atomically."""
+        from evoenv_learner.publisher import write_safetensors
+
+        weights = self.weights_for_push()
+        assert isinstance(weights, dict)
+        with atomic_dir(folder) as tmp:
+            self.model.config.save_pretrained(tmp)
+            write_safetensors(weights, tmp / "model.safetensors", dtype, {"format": "pt"})
+            config_file = tmp / "config.json"
+            config = json.loads(config_file.read_text())
+            config["dtype"] = str(dtype).removeprefix("torch.")
+            config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+            if tokenizer and self.tokenizer is not None:
+                self.tokenizer.save_pretrained(tmp)
+        return folder
+
     def _save_hf(
         self, folder: Path, dtype: torch.dtype, *, tokenizer: bool, model: Any = None
     ) -> Path:
@@ -619,6 +757,44 @@ class Trainer:
             if tokenizer and self.tokenizer is not None:
                 self.tokenizer.save_pretrained(tmp)
         return folder
+
+
+class _Passes(torch.nn.Module):
+    """A model's log-prob pass as one module's forward: under sharding the root FSDP2 wraps,
+    so that its hooks gather the embeddings, final norm and head (which the chunked head reads
+    outside the model's own forward) around the pass, and sum their gradients after it."""
+
+    def __init__(self, model: torch.nn.Module, run: Any) -> None:
+        super().__init__()
+        self.model = model
+        self.run = run
+
+    def forward(self, batch: _Batch, with_entropy: bool) -> tuple[torch.Tensor, float]:
+        result: tuple[torch.Tensor, float] = self.run(self.model, batch, with_entropy)
+        return result
+
+
+def _blocks(model: Any) -> list[torch.nn.Module]:
+    """The model's decoder layers: each its own FSDP2 unit."""
+    layers = getattr(model.get_decoder(), "layers", None)
+    if layers is None:
+        raise UsageError(f"cannot shard {type(model).__name__}: its decoder has no `layers`")
+    return list(layers)
+
+
+def _tied_names(model: torch.nn.Module) -> set[str]:
+    """Parameter names that repeat an earlier one (tied weights), by the first's storage."""
+    seen: set[int] = set()
+    tied: set[str] = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            tied.add(name)
+        seen.add(id(param))
+    return tied
+
+
+def _chunk_tokens(chunk: Sequence[TrainSequence]) -> int:
+    return sum(len(s.prompt) + len(s.completion) for s in chunk)
 
 
 # ------------------------------------------------------------------------------- batching

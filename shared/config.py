@@ -351,6 +351,9 @@ class LearnerSettings(BaseModel):
 
     steps: int = Field(0, ge=0)
     """Optimiser steps to run before stopping (0: until stopped)."""
+    ranks: int = Field(1, ge=1)
+    """Processes the learner trains on under `evoenv up` (torchrun's --nproc_per_node, one per
+    GPU): more than 1 shards the weights, gradients and AdamW's state across them (FSDP2)."""
     max_staleness: int = Field(4, ge=0)
     """Most versions between the policy that sampled a completion and the step that trains on
     it; a group staler than that, when read or at the step, is dropped (counted, logged)."""
