@@ -150,8 +150,19 @@ def prepare_model(settings: Settings, *, force: bool = False) -> Path:
         if not force and _manifest_ok(folder, embedded):
             log.debug("model_ready", model=embedded.name, folder=str(folder))
             return folder
-        _build(embedded, folder)
+        _build_apart(embedded, folder)
     return folder
+
+
+def _build_apart(model: EmbeddedModel, folder: Path) -> None:
+    """`_build` in a process of its own: dequantising holds a few GiB that the allocator keeps
+    after it is freed, and the caller (`evoenv serve`, the learner) lives on for the whole run
+    (`evoenv serve` kept 2.4 GiB resident beside its vLLM server). Its error is raised here."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pool.submit(_build, model, folder).result()
 
 
 def _manifest_ok(folder: Path, model: EmbeddedModel) -> bool:

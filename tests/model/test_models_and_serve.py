@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -59,6 +61,25 @@ def test_prepared_folder_is_servable_hashed_and_quick_the_second_time(small_mode
     again = prepare_model(Settings(model="smollm2-135m-instruct", data_dir=small_model.parents[1]))
     assert again == small_model
     assert time.monotonic() - start < 1.0
+
+
+def test_preparing_a_model_holds_none_of_its_memory_after(tmp_path: Path) -> None:
+    # `evoenv serve` prepares the model and then lives beside its vLLM server for the whole
+    # run: the dequantising (torch, a few GiB kept by the allocator) happens in a process of
+    # its own, so the caller never even imports torch
+    script = (
+        "import resource, sys\n"
+        "from evoenv_model.models import prepare_model\n"
+        "from shared.config import Settings\n"
+        f"prepare_model(Settings(model='smollm2-135m-instruct', data_dir={str(tmp_path)!r}))\n"
+        "print('torch' in sys.modules, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=True
+    )
+    imported, peak_kib = ran.stdout.splitlines()[-1].split()
+    assert imported == "False" and int(peak_kib) < 300 * 1024, ran.stdout
+    assert (tmp_path / "models" / "smollm2-135m-instruct" / "manifest.json").is_file()
 
 
 def test_server_command_and_environment(tmp_path: Path) -> None:
