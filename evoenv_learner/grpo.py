@@ -145,7 +145,7 @@ def grpo_loss(
     summed over the tokens where `mask` is true and divided by `num_tokens` (default: the
     number of such tokens). Under gradient accumulation pass the whole batch's token count as
     `num_tokens`, so the micro-batch losses add up to the batch's token mean. `token_weights`
-    ([B], what each token of each sequence weighs: `role_token_weights` of the whole batch)
+    ([B] or [B, T], what each token weighs: `role_token_weights` of the whole batch)
     replaces that division: the weighted sum, whose micro-batch parts add up as well.
     """
     mask_f = mask.to(new_logprobs.dtype)
@@ -155,7 +155,8 @@ def grpo_loss(
     tokens = int(mask.sum().item())
     denominator = float(num_tokens) if num_tokens is not None else float(max(tokens, 1))
     if token_weights is not None:
-        mask_w = mask_f * token_weights.to(new_logprobs.dtype).unsqueeze(-1)
+        weights = token_weights.to(new_logprobs.dtype)
+        mask_w = mask_f * (weights.unsqueeze(-1) if weights.dim() == 1 else weights)
         denominator = 1.0
     else:
         mask_w = mask_f

@@ -327,7 +327,9 @@ class Trainer:
         over the whole batch (`TrainSequence.token_weight`), so gradients add up to the
         batch's loss; its figures are token means over the batch (`metrics.tokens`). An
         uncounted one (a sharded rank's empty micro-batch) adds nothing to either."""
-        batch = _collate(sequences, self.device, self.settings.pad_to_multiple)
+        batch = _collate(
+            sequences, self.device, self.settings.pad_to_multiple, pack=self.settings.pack
+        )
         logprobs, entropy = self._logprobs(self.model, batch, with_entropy=self.compute_entropy)
         ref_logprobs = self._reference_logprobs(batch)
         loss, part = grpo_loss(
@@ -452,12 +454,12 @@ class Trainer:
             return token_logprobs(logits, batch.targets), total
         with self._autocast():
             hidden = model.get_decoder()(
-                input_ids=batch.input_ids, use_cache=False
+                input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False
             ).last_hidden_state
         head = model.get_output_embeddings().weight
         # column j of the kept positions predicts input token first + j + 1; the last predicts none
         hidden = hidden[:, -batch.keep : -1][batch.mask].to(head.dtype)
-        temperatures = batch.temperatures[:, None].expand(batch.mask.shape)[batch.mask]
+        temperatures = batch.temperatures[batch.mask]
         logprobs, entropy = head_logprobs(
             hidden, head, batch.targets[batch.mask], temperatures, with_entropy=with_entropy
         )
@@ -478,11 +480,12 @@ class Trainer:
         with self._autocast():
             out = model(
                 input_ids=batch.input_ids,
+                position_ids=batch.position_ids,
                 logits_to_keep=batch.keep,
                 use_cache=False,
             )
         # column j of the kept logits predicts input token first + j + 1; the last predicts none
-        return out.logits[:, :-1].float() / batch.temperatures[:, None, None]
+        return out.logits[:, :-1].float() / batch.temperatures[..., None]
 
     @torch.no_grad()
     def completion_logprobs(
@@ -804,7 +807,11 @@ def _chunk_tokens(chunk: Sequence[TrainSequence]) -> int:
 class _Batch:
     input_ids: torch.Tensor
     """[B, T] prompt + completion, right-padded with 0 (the model is called without an
-    attention mask: under causal attention no real token sees the padding after it)."""
+    attention mask: under causal attention no real token sees the padding after it); packed,
+    [1, T]: the sequences one after the other."""
+    position_ids: torch.Tensor | None
+    """Packed: [1, T], each sequence's positions from 0 (transformers then keeps attention
+    inside each sequence); None: 0 ... T - 1 on every row."""
     real_tokens: int
     """Prompt and completion tokens of the batch, the padding left out."""
     keep: int
@@ -815,43 +822,70 @@ class _Batch:
     """[B, keep - 1] true where the target is a completion token."""
     old_logprobs: torch.Tensor
     advantages: torch.Tensor
+    """[B, keep - 1], as the rest: each column its sequence's (a packed row holds several)."""
     temperatures: torch.Tensor
     token_weights: torch.Tensor
-    """[B] what each completion token of a row weighs in the loss."""
+    """[B, keep - 1] what each completion token weighs in the loss."""
 
 
-def _collate(sequences: Sequence[TrainSequence], device: torch.device, multiple: int = 1) -> _Batch:
-    """Right-pad a micro-batch to a multiple of `multiple` tokens and line the behaviour
-    log-probs up with the logit columns.
+def _collate(
+    sequences: Sequence[TrainSequence],
+    device: torch.device,
+    multiple: int = 1,
+    *,
+    pack: bool = False,
+) -> _Batch:
+    """A micro-batch as tensors, its length a multiple of `multiple` tokens, with the
+    behaviour log-probs lined up with the logit columns: one row per sequence, right-padded,
+    or with `pack` all of them in one row (no padding between them).
 
     Position p's logits predict token p + 1, so a completion starting at position P is
-    predicted by columns P - 1 ... ; only columns from the shortest prompt's end on are kept
-    (no logits are computed over most of the prompts)."""
+    predicted by columns P - 1 ... ; unpacked, only columns from the shortest prompt's end on
+    are kept (no logits are computed over most of the prompts)."""
     lengths = [len(s.prompt) + len(s.completion) for s in sequences]
-    length = -(-max(lengths) // multiple) * multiple
-    first = min(len(s.prompt) for s in sequences) - 1
+    if pack:
+        total = sum(lengths)
+        length = -(-total // multiple) * multiple
+        starts = [sum(lengths[:i]) for i in range(len(sequences))]
+        first, rows = 0, [(0, start) for start in starts]
+        input_ids = torch.zeros(1, length, dtype=torch.long)
+        positions = torch.cat(
+            [torch.arange(n) for n in lengths] + [torch.arange(length - total)]
+        )[None]
+    else:
+        length = -(-max(lengths) // multiple) * multiple
+        first = min(len(s.prompt) for s in sequences) - 1
+        rows = [(row, 0) for row in range(len(sequences))]
+        input_ids = torch.zeros(len(sequences), length, dtype=torch.long)
+        positions = None
     width = length - first - 1
-    size = len(sequences)
-    input_ids = torch.zeros(size, length, dtype=torch.long)
-    mask = torch.zeros(size, width, dtype=torch.bool)
-    old = torch.zeros(size, width, dtype=torch.float32)
-    for row, seq in enumerate(sequences):
+    shape = (input_ids.shape[0], width)
+    mask = torch.zeros(shape, dtype=torch.bool)
+    old = torch.zeros(shape, dtype=torch.float32)
+    advantages = torch.zeros(shape, dtype=torch.float32)
+    temperatures = torch.ones(shape, dtype=torch.float32)
+    weights = torch.zeros(shape, dtype=torch.float32)
+    for seq, (row, offset) in zip(sequences, rows, strict=True):
         tokens = seq.prompt + seq.completion
-        input_ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-        begin = len(seq.prompt) - 1 - first
+        input_ids[row, offset : offset + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        begin = offset + len(seq.prompt) - 1 - first
         end = begin + len(seq.completion)
         mask[row, begin:end] = True
         old[row, begin:end] = torch.tensor(seq.old_logprobs, dtype=torch.float32)
+        advantages[row, begin:end] = seq.advantage
+        temperatures[row, begin:end] = seq.temperature
+        weights[row, begin:end] = seq.token_weight
     return _Batch(
         input_ids=input_ids.to(device),
+        position_ids=positions.to(device) if positions is not None else None,
         real_tokens=sum(lengths),
         keep=width + 1,
         targets=input_ids[:, first + 1 :].to(device),
         mask=mask.to(device),
         old_logprobs=old.to(device),
-        advantages=torch.tensor([s.advantage for s in sequences], dtype=torch.float32).to(device),
-        temperatures=torch.tensor([s.temperature for s in sequences]).to(device),
-        token_weights=torch.tensor([s.token_weight for s in sequences]).to(device),
+        advantages=advantages.to(device),
+        temperatures=temperatures.to(device),
+        token_weights=weights.to(device),
     )
 
 

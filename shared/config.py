@@ -301,6 +301,11 @@ class GrpoSettings(BaseModel):
     buffers for every shape they have seen, and unpadded lengths grew the learner by 13 MiB a
     solver step without end (docs/results.md#learner-memory). The padding is after every real
     token, so causal attention keeps it out of every log-prob."""
+    pack: bool = False
+    """Pack each micro-batch's sequences into one row, each with its own positions (attention
+    stays inside each sequence), instead of one row each padded to the longest: no compute on
+    padding where lengths differ (a GPU's micro-batches of several thinking-length
+    sequences). Off: on a CPU the micro-batch holds one sequence and nothing is padded."""
     compute_dtype: Literal["bfloat16", "float32"] | None = None
     """Dtype of the trainer's forward and backward passes (autocast; the master weights and
     AdamW stay float32); unset: bfloat16 on a GPU or a CPU with AMX or AVX512-BF16, float32 on

@@ -45,9 +45,9 @@ def write_tiny_model(folder: Path) -> Path:
     return folder
 
 
-def settings(**overrides: float | int | str) -> GrpoSettings:
+def settings(**overrides: float | int | str | bool) -> GrpoSettings:
     # float32 passes whatever the CPU: the tests compare log-probs and weights exactly
-    base: dict[str, float | int | str] = {
+    base: dict[str, float | int | str | bool] = {
         "learning_rate": 1e-3,
         "micro_batch": 4,
         "temperature": 0.7,

@@ -185,10 +185,12 @@ class StepGradient(torch.optim.SGD):
 
 
 def step_gradient(
-    model_dir: Path, groups: list[GradedGroup], **overrides: int | float
+    model_dir: Path, groups: list[GradedGroup], **overrides: int | float | bool
 ) -> torch.Tensor:
-    """The gradient one real step over `groups` takes (micro-batches of 2, never clipped)."""
-    trainer = Trainer(model_dir, settings(micro_batch=2, max_grad_norm=1e9, **overrides))
+    """The gradient one real step over `groups` takes (micro-batches of 2 unless given,
+    never clipped)."""
+    given: dict[str, int | float | bool] = {"micro_batch": 2, "max_grad_norm": 1e9}
+    trainer = Trainer(model_dir, settings(**{**given, **overrides}))
     recorder = StepGradient(trainer.trainable)
     trainer.optimizer = recorder
     trainer.step(groups)
@@ -264,6 +266,31 @@ def test_micro_batches_are_padded_to_the_multiple_and_the_gradient_is_unchanged(
         )
     assert len(logprobs[16]) == len(completion.token_ids)
     assert logprobs[16] == pytest.approx(logprobs[1], abs=1e-5)
+
+
+def test_packed_micro_batches_take_the_unpacked_step(model_dir: Path) -> None:
+    """With `pack`, each forward pass gets one row holding its micro-batch's sequences one
+    after the other (no padding between them), and the step's gradient is the unpacked one's:
+    every sequence attends only to itself, at its own positions and temperature."""
+    trainer = Trainer(model_dir, settings(micro_batch=3, pack=True, pad_to_multiple=8))
+    groups = [
+        make_group(trainer, [1.0, 0.0, 0.5], seed=1),
+        make_group(trainer, [0.0, 1.0], seed=3, role="generator", prompt=(9, 8, 7)),
+        make_group(trainer, [0.2, 0.9, 0.0], seed=4, prompt=(3, 1, 4, 1, 5, 9, 2, 6)),
+    ]
+    shapes: list[tuple[int, int]] = []
+    trainer.model.get_decoder().register_forward_pre_hook(
+        lambda _module, _args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)),
+        with_kwargs=True,
+    )
+    trainer.step(groups)
+    sequences = [len(c.prompt_token_ids + c.token_ids) for g in groups for c in g.completions]
+    chunks = [sum(sequences[i : i + 3]) for i in range(0, len(sequences), 3)]
+    assert shapes == [(1, -(-n // 8) * 8) for n in chunks]
+
+    packed = step_gradient(model_dir, groups, pack=True, pad_to_multiple=8, micro_batch=3)
+    unpacked = step_gradient(model_dir, groups, pad_to_multiple=1, micro_batch=1)
+    torch.testing.assert_close(packed, unpacked, rtol=1e-4, atol=1e-6)
 
 
 def test_kl_to_reference(model_dir: Path) -> None:
