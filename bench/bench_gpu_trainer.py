@@ -1,35 +1,42 @@
-"""The learner's optimiser step on one NVIDIA GPU, full fine-tuning beside LoRA: step time and
-model FLOPs utilisation (MFU) for the embedded model's architecture.
+"""The learner's optimiser step on one NVIDIA GPU at thinking-model lengths: today's path
+(each micro-batch one row per sequence, padded to the longest) beside packed sequences
+(`grpo.pack`), and what activation checkpointing and chunked log-probs each cost; or full
+fine-tuning beside LoRA (`--lora`). Step seconds, tokens/s, peak memory and MFU.
 
-    python bench/bench_gpu_trainer.py [--groups 8] [--group-size 8] [--prompt-tokens 256]
-        [--completion-tokens 512] [--rank 16] [--rounds 3] [--peak-tflops 989]
+    python bench/bench_gpu_trainer.py [--model qwen3-4b] [--groups 2] [--group-size 4]
+        [--prompt-tokens 1000] [--completion-min 4000] [--completion-max 8000]
+        [--micro-batch 4] [--rounds 2] [--peak-tflops 989] [--profile] [--lora] [--tiny]
 
-Meant for a GPU machine with torch and nothing to download: the model is Qwen2.5-Coder-0.5B's
-architecture (its config, written here) with random weights, which time the same as trained
-ones, saved to a temporary folder and loaded by the project's `Trainer` as the learner loads
-it (bfloat16 autocast, float32 master weights and AdamW). The batch: random token ids of the
-given lengths, rewards 0/1 alternating, behaviour log-probs the model's own. Each way after a
-warm-up step; the median of `--rounds` timed steps (synchronised).
+Meant for a GPU machine with torch and nothing to download: the model is the named
+architecture (its published config.json, written here: Qwen3-4B, or the embedded
+Qwen2.5-Coder-0.5B) with random weights, which time the same as trained ones, loaded by the
+project's `Trainer` as the learner loads it (bfloat16 autocast over float32 master weights,
+fused AdamW: about 16 bytes a weight). The batch: random token ids, each completion's length
+drawn from [--completion-min, --completion-max], rewards 0/1 alternating, behaviour
+log-probs the model's own. Each way after a warm-up step; the median of `--rounds` timed
+steps (synchronised).
 
-MFU = model FLOPs / step seconds / peak. Model FLOPs per token: 6 N (forward 2 N, backward
-4 N) for full fine-tuning, where N is the number of weights in the matrix products (the
-embedding lookup excluded, the tied LM head included); 4 N with LoRA (the frozen base needs
-the gradients of its activations but not of its weights; the adapter's own FLOPs, under 1%,
-are left out); attention's score FLOPs are added for both (12 x layers x hidden x sequence
-per token, causal halving ignored). `--peak-tflops`: the GPU's dense bfloat16 peak (default
-989, an H100 or H200 SXM's). On a machine without CUDA it runs on the CPU with `--tiny` (a
-two-layer model) to check that it works; figures from it mean nothing.
+MFU, one way throughout: model FLOPs of the non-padding tokens over the whole step's seconds
+(optimiser included) over `--peak-tflops` (the card's dense bfloat16 peak; default 989, an
+H100 or H200 SXM). Model FLOPs: 6 N a token for full fine-tuning (forward 2 N, backward 4 N),
+4 N with LoRA (no weight gradients of the frozen base), N the weights of the matrix products
+(every Linear, the tied LM head included, the embedding lookup excluded); plus causal
+attention, 6 x layers x (heads x head size) x L^2 per sequence of L tokens (scores and
+values, forward and backward, half the square). Recomputation under activation
+checkpointing counts nothing (it is the cost of the memory saved). `--profile` prints where
+one packed step's GPU time goes (torch.profiler, the top operators).
 
-What the GPU machine needs beside torch, transformers, safetensors and peft: the project's
-pure-Python dependencies the trainer imports (pydantic, pydantic-settings, structlog), carried
-as wheels where nothing can be installed. Figures from one H200: docs/results.md (LoRA beside
-full fine-tuning).
+On a machine without CUDA it runs on the CPU with `--tiny` (a two-layer model of the same
+shape family, small widths) to check that it works; figures from it mean nothing. What the
+GPU machine needs beside torch, transformers, safetensors and peft: the project's
+pure-Python dependencies the trainer imports (pydantic, pydantic-settings, structlog).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -41,11 +48,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
-from bench_dtype import make_groups  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 from evoenv_learner.trainer import Trainer  # noqa: E402
 from shared.config import GrpoSettings  # noqa: E402
+from shared.messages import GradedCompletion, GradedGroup  # noqa: E402
 
 QWEN_05B = {
     "architectures": ["Qwen2ForCausalLM"],
@@ -63,11 +70,38 @@ QWEN_05B = {
     "torch_dtype": "bfloat16",
 }
 """Qwen2.5-Coder-0.5B-Instruct's architecture (the embedded model's config.json)."""
+QWEN3_4B = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 2560,
+    "intermediate_size": 9728,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 262144,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 5000000.0,
+    "torch_dtype": "bfloat16",
+}
+"""Qwen3-4B-Thinking-2507's architecture (its published config.json; 4.0B weights)."""
+MODELS = {"qwen3-4b": QWEN3_4B, "qwen2.5-0.5b": QWEN_05B}
+TINY = {"num_hidden_layers": 2, "hidden_size": 128, "intermediate_size": 256, "vocab_size": 4096,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}  # fmt: skip
+WAYS = {
+    "today": {"pack": False},
+    "packed": {"pack": True},
+    "packed no checkpointing": {"pack": True, "gradient_checkpointing": False},
+    "packed whole logits": {"pack": True},
+    "packed flex attention": {"pack": True, "attention": "flex_attention"},
+}
+"""Each way's settings; "whole logits" also switches the chunked log-probs off."""
 
 
-def model_folder(folder: Path, tiny: bool) -> Path:
-    """A random-weight model of the embedded architecture (or a two-layer one) in `folder`."""
-    config = dict(QWEN_05B, num_hidden_layers=2, vocab_size=4096) if tiny else QWEN_05B
+def model_folder(folder: Path, config: dict[str, Any]) -> Path:
+    """A random-weight model of `config` in `folder`."""
     (folder / "config.json").write_text(json.dumps(config))
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
@@ -83,6 +117,52 @@ def matmul_weights(model: torch.nn.Module) -> int:
         for name, module in model.named_modules()
         if isinstance(module, torch.nn.Linear) and "lora_" not in name
     )
+
+
+def attention_flops(config: Any, lengths: list[int]) -> float:
+    """Causal attention's FLOPs for sequences of `lengths`, forward and backward."""
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    width = config.num_attention_heads * head
+    return sum(6 * config.num_hidden_layers * width * n * n for n in lengths)
+
+
+def make_groups(trainer: Trainer, args: argparse.Namespace) -> list[GradedGroup]:
+    """Random prompts and completions of drawn lengths, the model's own log-probs."""
+    rng = random.Random(0)
+    vocab = trainer.model.config.vocab_size
+    out = []
+    for g in range(args.groups):
+        prompt = [rng.randrange(100, vocab - 100) for _ in range(args.prompt_tokens)]
+        completions = []
+        for i in range(args.group_size):
+            length = rng.randint(args.completion_min, args.completion_max)
+            tokens = [rng.randrange(100, vocab - 100) for _ in range(length)]
+            completions.append(
+                GradedCompletion(
+                    text="x",
+                    prompt_token_ids=prompt,
+                    token_ids=tokens,
+                    logprobs=trainer.completion_logprobs(prompt, tokens, "solver"),
+                    finish_reason="length",
+                    reward=float(i % 2),
+                    outcome="scored",
+                )
+            )
+        out.append(
+            GradedGroup(
+                run="bench",
+                group_id=f"g{g}",
+                role="solver",
+                env_name="e",
+                env_sha="0" * 64,
+                seed=g,
+                difficulty=1,
+                prompt="p",
+                policy_version=0,
+                completions=completions,
+            )
+        )
+    return out
 
 
 def timed_steps(trainer: Trainer, groups: list[Any], rounds: int) -> float:
@@ -101,61 +181,105 @@ def timed_steps(trainer: Trainer, groups: list[Any], rounds: int) -> float:
     return statistics.median(times)
 
 
+def profile_step(trainer: Trainer, groups: list[Any]) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if trainer.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        trainer.step(groups)
+    key = "cuda_time_total" if trainer.device.type == "cuda" else "cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=15))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--groups", type=int, default=8)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--prompt-tokens", type=int, default=256)
-    parser.add_argument("--completion-tokens", type=int, default=512)
-    parser.add_argument("--micro-batch", type=int, default=16)
+    parser.add_argument("--model", choices=sorted(MODELS), default="qwen3-4b")
+    parser.add_argument("--groups", type=int, default=2)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--prompt-tokens", type=int, default=1000)
+    parser.add_argument("--completion-min", type=int, default=4000)
+    parser.add_argument("--completion-max", type=int, default=8000)
+    parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument(
+        "--ways", default=",".join(WAYS), help="comma-separated, of: " + ", ".join(WAYS)
+    )
+    parser.add_argument("--lora", action="store_true", help="full beside LoRA, today's path")
+    parser.add_argument("--profile", action="store_true", help="where a packed step's time goes")
     parser.add_argument("--tiny", action="store_true", help="a two-layer model (a CPU check)")
     args = parser.parse_args()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU (a check, not a figure)"
-    sequence = args.prompt_tokens + args.completion_tokens
-    tokens = args.groups * args.group_size * sequence
+    config = dict(MODELS[args.model], **(TINY if args.tiny else {}))
+    if args.lora:
+        ways = {"full": {"pack": False}, f"LoRA r={args.rank}": {"lora_rank": args.rank}}
+    else:
+        ways = {way: WAYS[way] for way in args.ways.split(",")}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        folder = model_folder(Path(tmp), args.tiny)
-        for label, rank in (("full", 0), (f"LoRA r={args.rank}", args.rank)):
-            settings = GrpoSettings(
-                micro_batch=args.micro_batch,
-                group_size=args.group_size,
-                batch_groups=args.groups,
-                lora_rank=rank,
-                gradient_checkpointing=False,
+        folder = model_folder(Path(tmp), config)
+        groups: list[GradedGroup] = []
+        for label, overrides in ways.items():
+            settings = GrpoSettings.model_validate(
+                {
+                    "micro_batch": args.micro_batch,
+                    "group_size": args.group_size,
+                    "batch_groups": args.groups,
+                    "gradient_checkpointing": True,
+                    "max_tokens": args.completion_max,
+                    **overrides,
+                }
             )
             trainer = Trainer(folder, settings, device=device)
-            config = trainer.model.config
-            n = matmul_weights(trainer.model)
-            groups = make_groups(
-                trainer, args.groups, args.group_size, args.prompt_tokens, args.completion_tokens
-            )
+            if label.endswith("whole logits"):
+                trainer.chunked_head = False
+            groups = groups or make_groups(trainer, args)
+            lengths = [
+                len(c.prompt_token_ids) + len(c.token_ids) for g in groups for c in g.completions
+            ]
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            seconds = timed_steps(trainer, groups, args.rounds)
-            attention = 12 * config.num_hidden_layers * config.hidden_size * sequence
-            flops = ((6 if rank == 0 else 4) * n + attention) * tokens
-            peak_gib = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0
-            mfu = flops / seconds / (args.peak_tflops * 1e12)
-            rows.append((label, seconds, tokens / seconds, mfu, peak_gib))
+            try:
+                seconds = timed_steps(trainer, groups, args.rounds)
+            except (torch.OutOfMemoryError, NotImplementedError, RuntimeError) as exc:
+                why = "out of memory" if isinstance(exc, torch.OutOfMemoryError) else str(exc)
+                rows.append((label, None, 0.0, 0.0, 0.0))
+                print(f"{label}: {why.splitlines()[0][:200]}")
+            else:
+                n = matmul_weights(trainer.model)
+                per_token = 6 if not settings.lora_rank else 4
+                flops = per_token * n * sum(lengths) + attention_flops(
+                    trainer.model.config, lengths
+                )
+                peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0
+                mfu = flops / seconds / (args.peak_tflops * 1e12)
+                rows.append((label, seconds, sum(lengths) / seconds, mfu, peak))
+                if args.profile and label == "packed":
+                    profile_step(trainer, groups)
             del trainer
             if device == "cuda":
                 torch.cuda.empty_cache()
 
-    print(f"\n{name}: one step of {args.groups} groups x {args.group_size}, {sequence} tokens "
-          f"each ({tokens} tokens), micro-batches of {args.micro_batch}, bf16 autocast")  # fmt: skip
-    print(f"{'way':<12} {'step s':>8} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9} {'vs full':>8}")
+    tokens = sum(len(c.prompt_token_ids) + len(c.token_ids) for g in groups for c in g.completions)
+    print(f"\n{name}, torch {torch.__version__}: {args.model}{' (tiny)' if args.tiny else ''}, "
+          f"one step of {args.groups} groups x {args.group_size} ({tokens} tokens: prompts of "
+          f"{args.prompt_tokens}, completions of {args.completion_min}-{args.completion_max}), "
+          f"micro-batches of {args.micro_batch}, bf16 autocast, float32 AdamW")  # fmt: skip
+    print(f"{'way':<26} {'step s':>8} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9} {'vs first':>9}")
+    base = rows[0][1]
+    cpu = device == "cpu"
     for label, seconds, rate, mfu, peak in rows:
-        print(f"{label:<12} {seconds:8.2f} {rate:10.0f} {mfu:7.1%} {peak:9.1f}"
-              f" {seconds / rows[0][1]:7.2f}x")  # fmt: skip
-    full, lora = rows
-    print(f"gpu-trainer: full_step_s={full[1]:.3f} lora_step_s={lora[1]:.3f} "
-          f"full_mfu={full[3]:.3f} lora_mfu={lora[3]:.3f} lora_step_ratio={lora[1] / full[1]:.2f}")  # fmt: skip
+        if seconds is None:
+            print(f"{label:<26} {'failed (above)':>8}")
+            continue
+        ratio = f"{seconds / base:8.2f}x" if base else "-"
+        memory = "-" if cpu else f"{peak:.1f}"  # the CUDA allocator's peak
+        print(f"{label:<26} {seconds:8.2f} {rate:10.0f} {mfu:7.1%} {memory:>9} {ratio:>9}")
 
 
 if __name__ == "__main__":

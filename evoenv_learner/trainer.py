@@ -238,7 +238,8 @@ class Trainer:
         moment's size: 1.1 GiB for the 0.5B model's embeddings; docs/results.md#learner-memory)."""
 
     def _load_model(self, dtype: torch.dtype) -> Any:
-        model: Any = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
+        given = {"attn_implementation": self.settings.attention} if self.settings.attention else {}
+        model: Any = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype, **given)
         for module in model.modules():
             if isinstance(module, torch.nn.Dropout):
                 module.p = 0.0

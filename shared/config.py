@@ -301,6 +301,11 @@ class GrpoSettings(BaseModel):
     buffers for every shape they have seen, and unpadded lengths grew the learner by 13 MiB a
     solver step without end (docs/results.md#learner-memory). The padding is after every real
     token, so causal attention keeps it out of every log-prob."""
+    attention: Literal["sdpa", "flex_attention", "flash_attention_2", "eager"] | None = None
+    """The trainer's attention kernels (transformers' `attn_implementation`; None: its
+    default, PyTorch's scaled-dot-product attention). Packed rows under `sdpa` get a dense
+    block-diagonal mask (memory-efficient kernel, T x T booleans); `flex_attention` builds a
+    block mask instead, `flash_attention_2` (its package installed) runs variable lengths."""
     pack: bool = False
     """Pack each micro-batch's sequences into one row, each with its own positions (attention
     stays inside each sequence), instead of one row each padded to the longest: no compute on
