@@ -40,8 +40,15 @@ from shared.messages import GradedCompletion, GradedGroup  # noqa: E402
 
 
 def make_groups(
-    trainer: Trainer, groups: int, size: int, prompt_len: int, completion_len: int
+    trainer: Trainer,
+    groups: int,
+    size: int,
+    prompt_len: int,
+    completion_len: int,
+    completion_max: int | None = None,
 ) -> list[GradedGroup]:
+    """Random prompts and completions (each of `completion_len` tokens, or of a length drawn
+    from [completion_len, completion_max]), rewards 0/1 alternating, the model's log-probs."""
     rng = random.Random(0)
     vocab = trainer.model.config.vocab_size
     out = []
@@ -49,7 +56,8 @@ def make_groups(
         prompt = [rng.randrange(100, vocab - 100) for _ in range(prompt_len)]
         completions = []
         for i in range(size):
-            tokens = [rng.randrange(100, vocab - 100) for _ in range(completion_len)]
+            length = rng.randint(completion_len, completion_max or completion_len)
+            tokens = [rng.randrange(100, vocab - 100) for _ in range(length)]
             completions.append(
                 GradedCompletion(
                     text="x",

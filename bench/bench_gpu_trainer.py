@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 import tempfile
@@ -48,11 +47,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
+from bench_dtype import make_groups  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
 from evoenv_learner.trainer import Trainer  # noqa: E402
 from shared.config import GrpoSettings  # noqa: E402
-from shared.messages import GradedCompletion, GradedGroup  # noqa: E402
+from shared.messages import GradedGroup  # noqa: E402
 
 QWEN_05B = {
     "architectures": ["Qwen2ForCausalLM"],
@@ -124,45 +124,6 @@ def attention_flops(config: Any, lengths: list[int]) -> float:
     head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     width = config.num_attention_heads * head
     return sum(6 * config.num_hidden_layers * width * n * n for n in lengths)
-
-
-def make_groups(trainer: Trainer, args: argparse.Namespace) -> list[GradedGroup]:
-    """Random prompts and completions of drawn lengths, the model's own log-probs."""
-    rng = random.Random(0)
-    vocab = trainer.model.config.vocab_size
-    out = []
-    for g in range(args.groups):
-        prompt = [rng.randrange(100, vocab - 100) for _ in range(args.prompt_tokens)]
-        completions = []
-        for i in range(args.group_size):
-            length = rng.randint(args.completion_min, args.completion_max)
-            tokens = [rng.randrange(100, vocab - 100) for _ in range(length)]
-            completions.append(
-                GradedCompletion(
-                    text="x",
-                    prompt_token_ids=prompt,
-                    token_ids=tokens,
-                    logprobs=trainer.completion_logprobs(prompt, tokens, "solver"),
-                    finish_reason="length",
-                    reward=float(i % 2),
-                    outcome="scored",
-                )
-            )
-        out.append(
-            GradedGroup(
-                run="bench",
-                group_id=f"g{g}",
-                role="solver",
-                env_name="e",
-                env_sha="0" * 64,
-                seed=g,
-                difficulty=1,
-                prompt="p",
-                policy_version=0,
-                completions=completions,
-            )
-        )
-    return out
 
 
 def timed_steps(trainer: Trainer, groups: list[Any], rounds: int) -> float:
@@ -238,7 +199,14 @@ def main() -> None:
             trainer = Trainer(folder, settings, device=device)
             if label.endswith("whole logits"):
                 trainer.chunked_head = False
-            groups = groups or make_groups(trainer, args)
+            groups = groups or make_groups(
+                trainer,
+                args.groups,
+                args.group_size,
+                args.prompt_tokens,
+                args.completion_min,
+                args.completion_max,
+            )
             lengths = [
                 len(c.prompt_token_ids) + len(c.token_ids) for g in groups for c in g.completions
             ]

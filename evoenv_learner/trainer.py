@@ -682,8 +682,6 @@ class Trainer:
         the CPU (`lora.merged_model`; the training model keeps its adapter and trains on): a
         plain folder any Hugging Face or vLLM loader reads, no peft needed."""
         dtype = dtype or self.source_dtype
-        if self.parallel is not None:
-            return self._save_gathered(Path(folder), dtype, tokenizer=True)
         if self.lora:
             merged = merged_model(self.model_path, self.model, self.settings)
             return self._save_hf(Path(folder), dtype, tokenizer=True, model=merged)
@@ -703,8 +701,6 @@ class Trainer:
                 f"adapter (EVOENV_GRPO__LORA_RANK={self.settings.lora_rank}): push it with "
                 "save_adapter_for_push, or merged weights with export_hf"
             )
-        if self.parallel is not None:
-            return self._save_gathered(Path(folder), dtype or self.source_dtype, tokenizer=False)
         return self._save_hf(Path(folder), dtype or self.source_dtype, tokenizer=False)
 
     def save_adapter_for_push(
@@ -729,31 +725,22 @@ class Trainer:
         size = dtype.itemsize if dtype is not None else None
         return sum(p.numel() * (size or p.element_size()) for p in self.trainable)
 
-    def _save_gathered(self, folder: Path, dtype: torch.dtype, *, tokenizer: bool) -> Path:
-        """Rank 0 under sharding: the gathered weights in save_pretrained's layout (config,
-        `model.safetensors`, the tokenizer), atomically."""
-        from evoenv_learner.publisher import write_safetensors
-
-        weights = self.weights_for_push()
-        assert isinstance(weights, dict)
-        with atomic_dir(folder) as tmp:
-            self.model.config.save_pretrained(tmp)
-            write_safetensors(weights, tmp / "model.safetensors", dtype, {"format": "pt"})
-            config_file = tmp / "config.json"
-            config = json.loads(config_file.read_text())
-            config["dtype"] = str(dtype).removeprefix("torch.")
-            config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-            if tokenizer and self.tokenizer is not None:
-                self.tokenizer.save_pretrained(tmp)
-        return folder
-
     def _save_hf(
         self, folder: Path, dtype: torch.dtype, *, tokenizer: bool, model: Any = None
     ) -> Path:
-        """`model` (default: the training model) with save_pretrained in `dtype`, atomically."""
+        """`model` (default: the training model) with save_pretrained in `dtype`, atomically.
+        Under sharding (rank 0) the gathered weights, in save_pretrained's layout (config,
+        `model.safetensors`)."""
+        from evoenv_learner.publisher import write_safetensors
+
         model = self.model if model is None else model
+        weights = self.weights_for_push() if self.parallel is not None else None
         with atomic_dir(folder) as tmp:
-            model.save_pretrained(tmp, state_dict=_cast_state_dict(model, dtype))
+            if isinstance(weights, dict):
+                model.config.save_pretrained(tmp)
+                write_safetensors(weights, tmp / "model.safetensors", dtype, {"format": "pt"})
+            else:
+                model.save_pretrained(tmp, state_dict=_cast_state_dict(model, dtype))
             config_file = tmp / "config.json"
             config = json.loads(config_file.read_text())
             config["dtype"] = str(dtype).removeprefix("torch.")
@@ -850,9 +837,9 @@ def _collate(
         starts = [sum(lengths[:i]) for i in range(len(sequences))]
         first, rows = 0, [(0, start) for start in starts]
         input_ids = torch.zeros(1, length, dtype=torch.long)
-        positions = torch.cat(
-            [torch.arange(n) for n in lengths] + [torch.arange(length - total)]
-        )[None]
+        positions = torch.cat([torch.arange(n) for n in lengths] + [torch.arange(length - total)])[
+            None
+        ]
     else:
         length = -(-max(lengths) // multiple) * multiple
         first = min(len(s.prompt) for s in sequences) - 1
