@@ -688,7 +688,9 @@ def _eval_text(row: MetricRow, kind: str = "") -> str:
     rate = _number(row.values.get(f"{kind}pass_rate")) or 0.0
     low, high = _number(row.values.get(f"{kind}ci_low")), _number(row.values.get(f"{kind}ci_high"))
     interval = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
-    return f"{rate:.3f}{interval} at step {row.step}"
+    constant = _number(row.values.get("constant_pass_rate")) if not kind else None
+    beside = f" (best constant answer {constant:.3f})" if constant is not None else ""
+    return f"{rate:.3f}{interval}{beside} at step {row.step}"
 
 
 def render_markdown(
@@ -699,6 +701,7 @@ def render_markdown(
     lines += ["## Headline numbers", "", "| metric | value |", "| --- | --- |"]
     lines += [f"| {what} | {value} |" for what, value in headline(data)]
     lines += ["", "## Admission funnel", "", *funnel_table(data.train, data.admitted)]
+    lines += ["", "## Admitted environments", "", *admitted_table(data.admitted, settings)]
     lines += ["", f"## The generator, per {GENERATOR_STEPS} steps", ""]
     lines += [*generator_table(data.train), "", "## Generation groups", ""]
     lines += [*groups_table(data.generations), "", "## Figures", ""]
@@ -721,6 +724,48 @@ def render_markdown(
         ]
         lines += [f"| `{key}` | `{value}` |" for key, value in _flatten(settings)]
     return "\n".join(lines) + "\n"
+
+
+def admitted_table(
+    admitted: Sequence[EnvironmentRow], settings: dict[str, Any] | None = None
+) -> list[str]:
+    """Every generated environment admitted in the run: its novelty (similarity to the
+    nearest pool member), calibration (pass rate at its difficulty), serving difficulty now,
+    status, and its page on `evoenv pool serve` (at the run's `pool_web` address)."""
+    if not admitted:
+        return ["None admitted."]
+    web = (settings or {}).get("pool_web") or {}
+    base = f"http://{web.get('host', '127.0.0.1')}:{web.get('port', 8100)}"
+    lines = [
+        f"Each links to its page on `evoenv pool serve` ({base}).",
+        "",
+        "| environment | novelty: similarity (nearest) | calibration: pass rate at difficulty "
+        "| serving difficulty | status |",
+        "| --- | --- | --- | ---: | --- |",
+    ]
+    for row in admitted:
+        stats = row.stats
+        novelty = stats.novelty
+        near = (
+            f"{novelty.similarity:.3f} ({novelty.nearest})"
+            if novelty is not None and novelty.similarity is not None
+            else "-"
+        )
+        figures = stats.calibration
+        level = stats.calibration_difficulty
+        if level is None and figures is not None:
+            level = figures.difficulty
+        calibration = (
+            f"{figures.pass_rate:.3f} ({figures.passes}/{figures.instances}) at {level}"
+            if figures is not None and figures.pass_rate is not None
+            else "-"
+        )
+        serving = stats.serving_difficulty if stats.serving_difficulty is not None else "-"
+        lines.append(
+            f"| [`{row.name}`]({base}/env/{row.sha}) | {near} | {calibration} | {serving} "
+            f"| {row.status} |"
+        )
+    return lines
 
 
 def funnel_table(train: Sequence[MetricRow], admitted: Sequence[EnvironmentRow] = ()) -> list[str]:

@@ -57,7 +57,9 @@ async def evaluate(
       "lenient_pass_rate", "lenient_ci_low", "lenient_ci_high"}}, one object per environment
       with counted instances, with its own 95 % Wilson intervals.
 
-    With `baseline` (`evoenv eval` sets it; the learner's periodic evaluation does not), each
+    With `baseline` (`evoenv eval` and the learner's evaluations set it), `constant_pass_rate`
+    is the best constant answers' pass rate over the same instances (each environment's own
+    constant; absent when one could not be found), and each
     environment's object also holds the best constant answer (`shared/baseline.py`) on exactly
     the instances counted, found by one `constant_baseline` job in the sandbox, and the
     per-instance records it was found from; without it these two keys are absent (absent: not
@@ -100,7 +102,21 @@ async def evaluate(
     if baseline:
         for name, found in (await with_baselines(jobs, records, stop)).items():
             out["environments"][name].update(found)
+        rate = constant_rate(out["environments"])
+        if rate is not None:
+            out["constant_pass_rate"] = rate
     return out
+
+
+def constant_rate(environments: dict[str, dict[str, Any]]) -> float | None:
+    """The best constant answers' pass rate over all the environments' counted instances
+    (each environment's own constant, weighed by its instances); None unless every one has a
+    constant."""
+    found = [e for e in environments.values() if e.get("best_constant") is not None]
+    if not found or len(found) != len(environments):
+        return None
+    total = sum(e["instances"] for e in found)
+    return sum(e["best_constant"]["score"] * e["instances"] for e in found) / total
 
 
 def counted(

@@ -513,6 +513,8 @@ class Learner:
         state, settings = self.state, self.settings
         self._last_checkpoint = state.step
         try:
+            if settings.learner.eval_at_start and state.step == 0:
+                await self.evaluate()  # the starting policy, at step 0
             while not self.stop.is_set() and (
                 not settings.learner.steps or state.step < settings.learner.steps
             ):
@@ -620,9 +622,15 @@ class Learner:
             await self.checkpoint()
             self._last_checkpoint = state.step
         if state.step % self.settings.learner.eval_every == 0:
-            result = await evaluate(self.settings, orchestrator.solvers, self.stop)
-            await asyncio.to_thread(self.metrics.eval, state.step, state.version, result)
+            await self.evaluate()
         orchestrator.batch_trained()  # synchronous mode: its next round starts
+
+    async def evaluate(self) -> None:
+        """The served policy on held-out instances, beside the best constant answer on the
+        same instances (`held_out.evaluate`), recorded at the current step."""
+        state = self.state
+        result = await evaluate(self.settings, self.orchestrator.solvers, self.stop, baseline=True)
+        await asyncio.to_thread(self.metrics.eval, state.step, state.version, result)
 
     async def close(self) -> None:
         """Close what the learner opened: the trainer (and the ranks beside it), the metrics,

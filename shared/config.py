@@ -401,6 +401,10 @@ class LearnerSettings(BaseModel):
     (`memory_growth`, tracemalloc: slows allocation; 0: off). A diagnosis, not for runs."""
     eval_every: int = Field(10, ge=1)
     """Evaluate the served policy on held-out instances every k steps."""
+    eval_at_start: bool = False
+    """Evaluate the starting policy before the first step (recorded at step 0), so a run's
+    report shows its held-out pass rate at the start beside the last evaluation's; on a CPU it
+    delays the first step by the evaluation's completions."""
     eval_instances: int = Field(16, ge=1)
     """Held-out instances per evaluation (evaluation seed range)."""
     eval_difficulty: int | None = None

@@ -339,3 +339,27 @@ def test_the_report_names_the_environments_quarantined_as_dishonest(tmp_path: Pa
     sha = source_sha("# lottery\n")
     assert f"- `lottery` ({sha[:12]}): {why}" in funnel_section
     assert "flaky" not in funnel_section
+
+
+def test_the_report_lists_the_admitted_environments_and_the_constant_beside_each_evaluation(
+    archive: Archive, tmp_path: Path
+) -> None:
+    first, last = archive.metrics(RUN, "eval")[0], archive.metrics(RUN, "eval")[-1]
+    archive.record_metrics(RUN, 0, "eval", 0, {**first.values, "constant_pass_rate": 0.125})
+    archive.record_metrics(RUN, 31, "eval", 15, {**last.values, "constant_pass_rate": 0.25})
+    folder = tmp_path / "runs" / RUN
+    folder.mkdir(parents=True)
+    (folder / "settings.json").write_text(json.dumps({"pool_web": {"host": "h", "port": 9}}))
+    text = write_report(archive, RUN, folder).markdown.read_text()
+
+    headline = next(line for line in text.splitlines() if "held-out pass rate, first" in line)
+    assert "(best constant answer 0.125) at step 0 → " in headline
+    assert "(best constant answer 0.250) at step 31" in headline
+    section = text.split("## Admitted environments\n")[1].split("\n## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| [`gen")]
+    assert len(rows) == 4  # the retired one too: it was admitted in the run
+    gen0 = archive.find("gen0")
+    assert gen0 is not None
+    assert rows[0] == (
+        f"| [`gen0`](http://h:9/env/{gen0.sha}) | - | 0.500 (4/8) at 3 | 4 | admitted |"
+    )

@@ -15,7 +15,14 @@ from rich.console import Console
 from evoenv_cli.terminal_text import print_table
 from evoenv_cli.training import _held_out_table
 from evoenv_learner import jobs
-from evoenv_learner.held_out import counted, evaluate, per_environment, summarise, wilson
+from evoenv_learner.held_out import (
+    constant_rate,
+    counted,
+    evaluate,
+    per_environment,
+    summarise,
+    wilson,
+)
 from evoenv_learner.pool import PoolEntry
 from shared.environment import EVAL_SEEDS
 from shared.messages import ConstantBaseline
@@ -220,3 +227,16 @@ def test_a_result_without_lenient_rates_shows_a_dash_for_them() -> None:
     passes = {"parity": [1.0, 0.0]}
     rows = table(summarise(passes) | {"environments": per_environment(passes)})
     assert re.search(rf"{re.escape(shown(0.5, 2))}\s+│ -\s+│", rows["parity"])
+
+
+def test_the_constants_pass_rate_is_over_every_instance_and_needs_every_constant(
+    constant_jobs: list[dict[str, Any]],
+) -> None:
+    environments = {
+        "parity": {"instances": 4, "best_constant": {"answer": "even", "score": 0.75}},
+        "at_least": {"instances": 12, "best_constant": {"answer": "no", "score": 0.25}},
+    }
+    assert constant_rate(environments) == pytest.approx((3 + 3) / 16)
+    assert run(baseline=True).get("constant_pass_rate") is None  # at_least's job failed
+    environments["at_least"]["best_constant"] = None
+    assert constant_rate(environments) is None
