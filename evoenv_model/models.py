@@ -155,14 +155,37 @@ def prepare_model(settings: Settings, *, force: bool = False) -> Path:
 
 
 def _build_apart(model: EmbeddedModel, folder: Path) -> None:
-    """`_build` in a process of its own: dequantising holds a few GiB that the allocator keeps
-    after it is freed, and the caller (`evoenv serve`, the learner) lives on for the whole run
-    (`evoenv serve` kept 2.4 GiB resident beside its vLLM server). Its error is raised here."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    """`_build` in a fresh interpreter: dequantising holds a few GiB that the allocator keeps
+    after it is freed, and the caller (`evoenv serve`, the learner) lives on for the whole run.
+    A plain subprocess, not multiprocessing's spawn, which re-runs the caller's main script.
+    Its error is raised here, as the same kind (a `UsageError` stays one)."""
+    import subprocess
+    import sys
 
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        pool.submit(_build, model, folder).result()
+    with tempfile.TemporaryDirectory(prefix="evoenv-prepare-") as tmp:
+        error = Path(tmp) / "error.json"
+        code = "import sys; from evoenv_model.models import _build_main; _build_main(sys.argv[1:])"
+        ran = subprocess.run([sys.executable, "-c", code, model.name, str(folder), str(error)])
+        if ran.returncode == 0:
+            return
+        said = json.loads(error.read_text()) if error.is_file() else {}
+    message = said.get("message") or f"exit {ran.returncode}"
+    if said.get("usage"):
+        raise UsageError(message)
+    raise RuntimeError(f"preparing {model.name} failed: {message}")
+
+
+def _build_main(argv: list[str]) -> None:
+    """The child of `_build_apart`: build, and write any error where the parent reads it."""
+    name, folder, error = argv
+    try:
+        _build(EMBEDDED[name], Path(folder))
+    except UsageError as exc:
+        Path(error).write_text(json.dumps({"usage": True, "message": str(exc)}))
+        raise SystemExit(1) from exc
+    except Exception as exc:
+        Path(error).write_text(json.dumps({"message": f"{type(exc).__name__}: {exc}"}))
+        raise  # its traceback on stderr
 
 
 def _manifest_ok(folder: Path, model: EmbeddedModel) -> bool:

@@ -46,6 +46,12 @@ def test_a_weights_package_of_the_wrong_version_is_refused() -> None:
         models._locate(PackageFile("no-such-weights-package", "1.0", "x.bin"))
 
 
+def test_a_failed_preparation_says_why_in_the_caller(tmp_path: Path) -> None:
+    unknown = models.EmbeddedModel("no-such-model", (), 0, "")
+    with pytest.raises(RuntimeError, match="preparing no-such-model failed: KeyError"):
+        models._build_apart(unknown, tmp_path / "no-such-model")
+
+
 def test_prepared_folder_is_servable_hashed_and_quick_the_second_time(small_model: Path) -> None:
     manifest = json.loads((small_model / "manifest.json").read_text())
     assert manifest["source_sha256"] == EMBEDDED["smollm2-135m-instruct"].sha256
@@ -66,19 +72,23 @@ def test_prepared_folder_is_servable_hashed_and_quick_the_second_time(small_mode
 def test_preparing_a_model_holds_none_of_its_memory_after(tmp_path: Path) -> None:
     # `evoenv serve` prepares the model and then lives beside its vLLM server for the whole
     # run: the dequantising (torch, a few GiB kept by the allocator) happens in a process of
-    # its own, so the caller never even imports torch
-    script = (
-        "import resource, sys\n"
+    # its own, so the caller never even imports torch and is as small after as before. The
+    # caller is a plain script with no main guard (a child started by multiprocessing's spawn
+    # would re-run it)
+    script = tmp_path / "prepare.py"
+    script.write_text(
+        "import re, sys\n"
         "from evoenv_model.models import prepare_model\n"
         "from shared.config import Settings\n"
         f"prepare_model(Settings(model='smollm2-135m-instruct', data_dir={str(tmp_path)!r}))\n"
-        "print('torch' in sys.modules, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+        "status = open('/proc/self/status').read()\n"
+        "print('torch' in sys.modules, re.search(r'VmRSS:\\s+(\\d+)', status).group(1))\n"
     )
     ran = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=True
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=600, check=True
     )
-    imported, peak_kib = ran.stdout.splitlines()[-1].split()
-    assert imported == "False" and int(peak_kib) < 300 * 1024, ran.stdout
+    imported, resident_kib = ran.stdout.splitlines()[-1].split()
+    assert imported == "False" and int(resident_kib) < 300 * 1024, ran.stdout
     assert (tmp_path / "models" / "smollm2-135m-instruct" / "manifest.json").is_file()
 
 
