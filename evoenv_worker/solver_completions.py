@@ -41,7 +41,8 @@ def make_client(
     """The policy's client from settings (served model name: `settings.model`; in LoRA mode,
     `grpo.lora_rank` > 0, the newest version's adapter). With `serving_clock`, a request may
     take `worker.complete_time_limit` seconds on that clock (paused seconds left out) and
-    `worker.complete_wall_limit` seconds in all."""
+    `worker.complete_wall_limit` seconds in all; one that finds no server listening waits up to
+    `worker.server_outage_wait` seconds for one to come back."""
     return InferenceClient(
         settings.vllm_urls,
         settings.model,
@@ -52,4 +53,8 @@ def make_client(
         wall_timeout=settings.worker.complete_wall_limit,
         adapters=settings.grpo.lora_rank > 0,
         api_key=settings.serve.api_key.get_secret_value(),
+        outage_wait=min(
+            settings.worker.server_outage_wait,
+            settings.worker.complete_wall_limit - settings.worker.complete_time_limit,
+        ),
     )

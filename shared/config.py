@@ -122,6 +122,11 @@ class WorkerSettings(BaseModel):
     """Seconds of generation a job of the generation queue (completions, proposals, reviews)
     may wait for each answer of the model servers. Seconds the servers spend paused (a weight
     push, a training step taken in turns) do not count, up to `complete_wall_limit`."""
+    server_outage_wait: float = Field(180.0, ge=0)
+    """Seconds a request of the generation queue that found no model server listening (one
+    restarting) waits for one to answer /health, then is sent again at once (0: no wait; the
+    job is retried with backoff instead). Within the job's wall limit: at most what
+    `complete_wall_limit` leaves above `complete_time_limit`."""
     visibility_timeout: float = Field(900.0, gt=0)
     """Seconds before Redis hands an unacknowledged job to another worker; must exceed every hard
     time limit (a worker killed outright has its jobs redelivered after this)."""

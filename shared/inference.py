@@ -16,10 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
+import structlog
 from pydantic import BaseModel, ConfigDict
 
 from shared.errors import EvoEnvError, ServiceUnavailable
 from shared.policy import adapter_name
+
+log = structlog.get_logger(__name__)
 
 Json = dict[str, Any]
 Messages = Sequence[dict[str, str]]
@@ -372,6 +375,8 @@ def _timeout(request_timeout: float, connect_timeout: float) -> httpx.Timeout:
 
 POLL_SECONDS = 0.5
 """How often a request timed on a serving clock looks at the clock."""
+OUTAGE_POLL_SECONDS = 1.0
+"""How often a request whose servers all refused it asks them for /health."""
 
 
 def _within(
@@ -419,7 +424,9 @@ class InferenceClient:
       retried like a failed one, asking for the newest version again.
 
     Failures: a connection error, a timeout or a 5xx answer is retried with backoff on the next
-    server, at most `attempts` times in all, then raised as `ServiceUnavailable`. With a
+    server, at most `attempts` times in all, then raised as `ServiceUnavailable`; where the last
+    attempt found no server listening, the request first waits up to `outage_wait` seconds for
+    one to answer /health and, if one does, is tried `attempts` times again. With a
     `serving_clock` (the workers': `shared.pauses.ServingClock`), a request's timeout counts
     seconds on that clock, so the seconds the servers spend paused by a push or a training step
     do not count, and `wall_timeout` bounds it on the wall clock. Any other answer that is not
@@ -441,12 +448,16 @@ class InferenceClient:
         wall_timeout: float | None = None,
         adapters: bool = False,
         api_key: str = "",
+        outage_wait: float = 0.0,
     ) -> None:
         """`request_timeout`: seconds a request may wait for its answer, on `serving_clock` if
         one is given (seconds the servers are paused left out), else on the wall clock;
         `wall_timeout` (with a clock): the most wall seconds it may take all the same;
-        `api_key`: the servers' bearer token (`serve.api_key`), sent with every request."""
+        `api_key`: the servers' bearer token (`serve.api_key`), sent with every request;
+        `outage_wait`: seconds a request whose every attempt found no server listening waits
+        for one to come back (a restart), and is sent again the moment one does."""
         self.model = model
+        self.outage_wait = outage_wait
         self.version_source = version_source
         self.adapters = adapters
         self._balancer = _Balancer(list(urls), attempts, backoff)
@@ -519,26 +530,60 @@ class InferenceClient:
         self, body: Json, path: str, parse: Callable[[Json, str, int | None], list[Completion]]
     ) -> list[Completion]:
         failures: list[str] = []
-        for attempt, url in enumerate(self._balancer.plan()):
-            if attempt:
-                time.sleep(self._balancer.delay(attempt))
-            try:
-                version = self.version_source() if self.version_source else None
-                if self.adapters:
-                    asked = _adapter_body(body, self.model, version)
-                    response = self._post(f"{url}{path}", asked)
-                    _adapter_status(response, asked["model"])
-                    return _as_adapter(parse(_json(response), url, version), version)
-                if self._balancer.route(url) == "tokens":
-                    result = self._via_tokens(url, path, body, version)
-                    if result is not None:
-                        return result
-                response = self._post(f"{url}{path}", body)
-                _status(response)
-                return parse(_json(response), url, version)
-            except (httpx.TransportError, _Retryable) as exc:
-                failures.append(f"{url}: {str(exc) or type(exc).__name__}")
-        raise self._balancer.give_up(failures)
+        outage_ends = time.monotonic() + self.outage_wait
+        while True:
+            refused = False
+            for attempt, url in enumerate(self._balancer.plan()):
+                if attempt:
+                    time.sleep(self._balancer.delay(attempt))
+                try:
+                    return self._once(url, body, path, parse)
+                except (httpx.TransportError, _Retryable) as exc:
+                    failures.append(f"{url}: {str(exc) or type(exc).__name__}")
+                    refused = isinstance(exc, httpx.ConnectError)
+            if not refused or self.outage_wait <= 0:
+                raise self._balancer.give_up(failures)
+            if not self._server_back(outage_ends):
+                gone = self._balancer.give_up(failures)
+                raise ServiceUnavailable(f"{gone}; none came back within {self.outage_wait:g} s")
+
+    def _once(
+        self,
+        url: str,
+        body: Json,
+        path: str,
+        parse: Callable[[Json, str, int | None], list[Completion]],
+    ) -> list[Completion]:
+        version = self.version_source() if self.version_source else None
+        if self.adapters:
+            asked = _adapter_body(body, self.model, version)
+            response = self._post(f"{url}{path}", asked)
+            _adapter_status(response, asked["model"])
+            return _as_adapter(parse(_json(response), url, version), version)
+        if self._balancer.route(url) == "tokens":
+            result = self._via_tokens(url, path, body, version)
+            if result is not None:
+                return result
+        response = self._post(f"{url}{path}", body)
+        _status(response)
+        return parse(_json(response), url, version)
+
+    def _server_back(self, until: float) -> bool:
+        """After every attempt found no server listening (one restarting): wait, until the
+        monotonic time `until`, for one to answer /health, so that the request is sent again
+        the moment it is back rather than after a job retry's backoff."""
+        start = time.monotonic()
+        while time.monotonic() < until:
+            for url in self._balancer.urls:
+                try:
+                    if self._http.get(f"{url}/health", timeout=5.0).status_code == 200:
+                        waited = round(time.monotonic() - start, 1)
+                        log.info("inference_server_back", url=url, waited_s=waited)
+                        return True
+                except httpx.TransportError:
+                    pass
+            time.sleep(min(OUTAGE_POLL_SECONDS, max(0.0, until - time.monotonic())))
+        return False
 
     def _via_tokens(
         self, url: str, path: str, body: Json, version: int | None

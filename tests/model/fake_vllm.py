@@ -18,9 +18,10 @@ class FakeServer:
     many seconds. Every request is recorded in `hits`, its path with the query string in
     `targets`. With a `token`, a request to any path but /health without
     `Authorization: Bearer TOKEN` answers 401, as `evoenv serve` with `serve.api_key` does.
+    `port`: a given one (a server that comes back where another was), else a free one.
     """
 
-    def __init__(self, default: int = 500, token: str = "") -> None:
+    def __init__(self, default: int = 500, token: str = "", port: int = 0) -> None:
         self.default = default
         self.token = token
         self.routes: dict[tuple[str, str], tuple[int, Any]] = {}
@@ -53,7 +54,7 @@ class FakeServer:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(
             target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True

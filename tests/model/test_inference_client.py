@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -166,6 +167,45 @@ def test_server_that_is_down_fails_clearly(dead_url: str) -> None:
     with client, pytest.raises(ServiceUnavailable, match="after 2 attempts"):
         client.complete("hello")
     assert time.monotonic() - start < 5
+
+
+def test_a_request_waits_for_a_restarting_server_and_is_sent_the_moment_it_is_back(
+    dead_url: str,
+) -> None:
+    # a vLLM restart: nothing listens for a while, then a server answers where it was; the
+    # request is sent again within a poll of its /health, not after a job retry's backoff
+    started: list[tuple[FakeServer, float]] = []
+
+    def come_back() -> None:
+        time.sleep(2.0)
+        server = FakeServer(port=int(dead_url.rsplit(":", 1)[1]))
+        server.routes[("GET", "/health")] = (200, {})
+        server.routes[("POST", "/v1/chat/completions/render")] = (200, {"token_ids": [1, 2]})
+        server.routes[("POST", "/inference/v1/generate")] = (200, GENERATE)
+        started.append((server, time.monotonic()))
+
+    back = threading.Thread(target=come_back)
+    back.start()
+    client = InferenceClient([dead_url], "m", attempts=2, backoff=0.01, outage_wait=30.0)
+    try:
+        with client:
+            answer = client.chat([{"role": "user", "content": "hi"}])
+        served = time.monotonic()
+        back.join()
+        server, up = started[0]
+        assert answer[0].text == "A" and server.paths()[-1] == "/inference/v1/generate"
+        assert served - up < 1.5
+    finally:
+        back.join()
+        for server, _ in started:
+            server.close()
+    # a server that stays away: the request gives up once its wait is spent
+    start = time.monotonic()
+    client = InferenceClient([dead_url], "m", attempts=2, backoff=0.01, outage_wait=1.0)
+    gave_up = r"after 2 attempts.*none came back within 1 s"
+    with client, pytest.raises(ServiceUnavailable, match=gave_up):
+        client.chat([{"role": "user", "content": "hi"}])
+    assert 1.0 <= time.monotonic() - start < 5
 
 
 def test_wait_ready_gives_up_after_its_timeout(dead_url: str) -> None:
