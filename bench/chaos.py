@@ -3,8 +3,10 @@
     python bench/chaos.py [--minutes 60] [--every 240] [--warmup 300] [--seed 0] [--data-dir D]
                           [--kinds worker,vllm,learner,flower,redis,sigstop,hostile]
 
-`up` starts as a user starts it (defaults, JSON logs), on a fresh data folder whose `models`
-links to the prepared models (`evoenv model prepare` first). After `--warmup` seconds, and then
+`up` starts as a user starts it (defaults, JSON logs, but a checkpoint every 3 steps so that
+the data folder holds the two kept before half time), on a fresh data folder whose `models`
+links to the user's prepared models (the default one prepared first if it is not). After
+`--warmup` seconds, and then
 every `--every`, one fault, the kinds taken in turn from a shuffled cycle so that each comes up:
 
 - `worker`: SIGKILL of one Celery worker's process group (generation, validation or grading,
@@ -20,7 +22,8 @@ every `--every`, one fault, the kinds taken in turn from a shuffled cycle so tha
 Recovery of a fault, from the run's logs: seconds from the fault until the broken part is back
 (the supervisor's `child_restarted`) and the first job that depends on it has completed (a job
 of that worker; a completion of the generation queue after vLLM; the next optimiser step after
-the learner or Redis; after SIGCONT, a job of the stopped worker; the ad-hoc job's report), next
+the learner or Redis; after SIGCONT, a job of the stopped worker, counted from its receipt
+when the worker's queue was empty at the SIGCONT; the ad-hoc job's report), next
 to the median gap between steps. At `--minutes` the stream is read, `up` gets SIGINT, and the
 checks follow: groups trained twice into the weights that were kept (steps a resumed learner
 rolled back do not count), graded groups neither trained into kept weights, skipped, dropped as
@@ -53,6 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from evoenv_cli.supervisor import command_pid, descendants  # noqa: E402
+from evoenv_model.models import DEFAULT_MODEL, prepare_model  # noqa: E402
 from shared.config import Settings  # noqa: E402
 
 KINDS = ("worker", "vllm", "learner", "flower", "redis", "sigstop", "hostile")
@@ -62,6 +66,7 @@ EVOENV = [sys.executable, "-c", "from evoenv_cli import main; main()"]
 RUN_ENV = {
     "EVOENV_WORKER__VISIBILITY_TIMEOUT": str(VISIBILITY),
     "EVOENV_WORKER__COMPLETE_TIME_LIMIT": "400",
+    "EVOENV_LEARNER__CHECKPOINT_EVERY": "3",
 }
 
 
@@ -95,6 +100,26 @@ def child_pid(logs: Path, name: str) -> int | None:
     return command_pid(reapers[-1]) if reapers else None
 
 
+def redis_url(logs: Path) -> str:
+    """The URL of the Redis the learner last started on."""
+    started = [e for e in read_events(logs) if e.get("event") == "learner_started"]
+    return str(started[-1]["settings"]["redis_url"])
+
+
+def queued(logs: Path, queue: str) -> int | None:
+    """Jobs waiting in `queue` now (None when Redis cannot say)."""
+    import redis
+
+    try:
+        client = redis.Redis.from_url(redis_url(logs), socket_timeout=10)
+        try:
+            return int(client.llen(queue))
+        finally:
+            client.close()
+    except Exception:  # noqa: BLE001 (None: the recovery is then measured from the SIGCONT)
+        return None
+
+
 def stream_group_ids(logs: Path) -> set[str]:
     """Group ids of the entries still in the run's rollout stream (read or not), from the Redis
     the learner last started on."""
@@ -103,9 +128,7 @@ def stream_group_ids(logs: Path) -> set[str]:
     from shared import keys
     from shared.rollouts import decode_entry
 
-    started = [e for e in read_events(logs) if e.get("event") == "learner_started"]
-    url = started[-1]["settings"]["redis_url"]
-    client = redis.Redis.from_url(url, socket_timeout=10)
+    client = redis.Redis.from_url(redis_url(logs), socket_timeout=10)
     ids = set()
     try:
         for _entry, fields in client.xrange(keys.rollout_stream("default")):
@@ -144,9 +167,8 @@ class Chaos:
     def prepare(self) -> None:
         if self.data.exists() and any(self.data.iterdir()):
             raise SystemExit(f"error: {self.data} is not empty; give a fresh --data-dir")
-        models = Settings().data_dir / "models"
-        if not any(models.glob("*/config.json")):
-            raise SystemExit(f"error: no prepared model in {models}; run `evoenv model prepare`")
+        models = Settings().data_dir / "models"  # where the user keeps prepared models
+        prepare_model(Settings(model=DEFAULT_MODEL, data_dir=models.parent))  # the one `up` serves
         (self.data / "models").mkdir(parents=True)
         for model in models.iterdir():
             (self.data / "models" / model.name).symlink_to(model.resolve())
@@ -195,6 +217,7 @@ class Chaos:
             time.sleep(VISIBILITY + 30)
             os.killpg(pid, signal.SIGCONT)
             fault["resumed"] = time.time()
+            fault["queued_at_resume"] = queued(self.logs, name.removeprefix("worker-"))
         else:
             os.killpg(pid, signal.SIGKILL)
         return fault
@@ -310,7 +333,12 @@ def recovery(events: list[dict[str, Any]], fault: dict[str, Any]) -> float | Non
         return e.get("event") == "train_step"
 
     if kind == "sigstop":
-        return _end(first_after(events, fault["resumed"], succeeded(target)), fault["resumed"])
+        resumed = float(fault["resumed"])
+        done = first_after(events, resumed, succeeded(target))
+        received = _received(events, target, done)
+        if received is not None and received > resumed and fault.get("queued_at_resume") == 0:
+            return _end(done, received)  # its queue was empty: the idle wait is not recovery
+        return _end(done, resumed)
     back = first_after(events, at, restarted(target))
     if back is None:
         return None
@@ -331,6 +359,16 @@ def recovery(events: list[dict[str, Any]], fault: dict[str, Any]) -> float | Non
     else:  # flower: back once it listens
         done = back
     return _end(done, at)
+
+
+def _received(events: list[dict[str, Any]], log: str, done: float | None) -> float | None:
+    """When the worker received the job whose success it logged at `done`."""
+    success = next((e for e in events if e["_t"] == done and e["_log"] == log), None)
+    found = re.search(r"\[([^\]]+)\] succeeded in", str(success and success.get("event")))
+    if found is None:
+        return None
+    tag = f"[{found.group(1)}] received"
+    return next((e["_t"] for e in events if e["_log"] == log and tag in str(e.get("event"))), None)
 
 
 def _end(done: float | None, since: float) -> float | None:

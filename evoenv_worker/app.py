@@ -37,6 +37,7 @@ def configure(settings: Settings) -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
+        worker_max_tasks_per_child=w.max_tasks_per_child or None,
         task_queues=[Queue(name) for name in keys.QUEUES],
         task_annotations={
             name: {

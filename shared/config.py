@@ -130,6 +130,10 @@ class WorkerSettings(BaseModel):
     visibility_timeout: float = Field(900.0, gt=0)
     """Seconds before Redis hands an unacknowledged job to another worker; must exceed every hard
     time limit (a worker killed outright has its jobs redelivered after this)."""
+    max_tasks_per_child: int = Field(100, ge=0)
+    """Jobs a pool process of a validation or grading worker runs before it is replaced by a
+    fresh fork (0: never): what the interpreter's heap keeps after each job does not add up
+    over a long run."""
     max_retries: int = Field(5, ge=0)
     """Retries of a job that failed for an infrastructure reason (bounded exponential backoff)."""
     max_deliveries: int = Field(8, ge=1)
