@@ -69,8 +69,11 @@ class RedisServer:
             self.proc.wait(10)
             self.proc = None
 
-    def restart(self, down: float = 0.0) -> None:
-        """Stop, stay down `down` seconds, start again on the same port and data."""
+    def restart(self, down: float = 0.0, kill: bool = False) -> None:
+        """Stop (SIGKILL with `kill`), stay down `down` seconds, start again on the same port
+        and data."""
+        if kill and self.proc is not None:
+            self.proc.kill()
         self.stop()
         time.sleep(down)
         self.start()

@@ -10,6 +10,7 @@ connection); results are read from Redis directly.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from model.fake_vllm import FakeServer, free_port
 from workerkit import REPO, Cluster, solver_job, stream_groups, validate_job, wait_for
 
 from shared import keys
@@ -134,8 +136,10 @@ def test_a_worker_with_a_job_in_flight_lives_through_a_redis_restart(
         fast = solver_job(DOUBLING, ["2"], run=run, seed=1)
         fast_id = cluster.app.send_task("evoenv.grade", args=[fast], queue=keys.GRADING_QUEUE).id
         wait_for(
-            lambda: (_meta(client, fast_id) or {}).get("status") == "SUCCESS"
-            or worker.proc.poll() is not None,
+            lambda: (
+                (_meta(client, fast_id) or {}).get("status") == "SUCCESS"
+                or worker.proc.poll() is not None
+            ),
             60,
             "the next job to run (or the worker to stop)",
             0.5,
@@ -151,3 +155,68 @@ def test_a_worker_with_a_job_in_flight_lives_through_a_redis_restart(
         cluster.stop()
         cluster.app.close()
         client.close()
+
+
+def test_a_job_waiting_for_its_retry_runs_once_after_redis_is_killed(
+    server: Any, tmp_path: Path
+) -> None:
+    """The model server is down: a completion job fails for an infrastructure reason and waits
+    for its retry (Celery's countdown). Redis is SIGKILLed meanwhile and started again on its
+    append-only file; once the model server answers, the job runs to its result, once: nothing
+    lost, nothing left queued or unacknowledged."""
+    vllm = f"http://127.0.0.1:{free_port()}"
+    job = solver_job(DOUBLING, ["2", "4"], run=f"retry-{uuid.uuid4().hex[:6]}")
+    job["completions"] = []
+    limits = {
+        "EVOENV_WORKER__SERVER_OUTAGE_WAIT": "0",  # a retry with backoff, not a wait in the job
+        "EVOENV_WORKER__MAX_RETRIES": "40",
+        "EVOENV_WORKER__MAX_DELIVERIES": "50",
+        "EVOENV_WORKER__COMPLETE_TIME_LIMIT": "20",
+        "EVOENV_WORKER__VALIDATE_TIME_LIMIT": "20",
+        "EVOENV_WORKER__GRADE_TIME_LIMIT": "20",
+        "EVOENV_WORKER__VISIBILITY_TIMEOUT": "30",
+    }
+    cluster = Cluster(server.url, tmp_path, _client_app(server.url), {"EVOENV_VLLM_URLS": vllm})
+    model: FakeServer | None = None
+    client = redis.Redis.from_url(server.url)
+    try:
+        worker = cluster.start_worker([keys.GENERATION_QUEUE], concurrency=2, **limits)
+        task_id = cluster.app.send_task(
+            "evoenv.complete", args=[job], queue=keys.GENERATION_QUEUE
+        ).id
+        wait_for(lambda: "job_retry" in worker.log_text(), 60, "the job to fail and wait", 0.5)
+        server.restart(down=2.0, kill=True)
+        client = redis.Redis.from_url(server.url)
+        wait_for(
+            lambda: worker.log_text().count("job_retry") >= 2, 90, "a retry after the kill", 0.5
+        )
+        model = FakeServer(port=int(vllm.rsplit(":", 1)[1]))
+        model.routes[("POST", "/v1/chat/completions/render")] = (404, {"detail": "Not Found"})
+        choice = {
+            "message": {"content": "<answer>4</answer>"},
+            "token_ids": [7, 8],
+            "logprobs": {"content": [{"logprob": -0.1}, {"logprob": -0.2}]},
+            "finish_reason": "stop",
+        }
+        model.routes[("POST", "/v1/chat/completions")] = (
+            200,
+            {"choices": [{**choice, "index": i} for i in range(2)], "prompt_token_ids": [1, 2]},
+        )
+        wait_for(
+            lambda: (_meta(client, task_id) or {}).get("status") == "SUCCESS",
+            120,
+            "the job to complete once the model server answers",
+            0.5,
+        )
+        meta = _meta(client, task_id)
+        assert meta is not None and len(meta["result"]["completions"]) == 2
+        time.sleep(3)  # a second run of the same job would reach the model server again
+        assert model.paths().count("/v1/chat/completions") == 1
+        assert worker.proc.poll() is None, worker.log_text()[-3000:]
+        assert client.hlen("unacked") == 0 and _depths(client) == dict.fromkeys(keys.QUEUES, 0)
+    finally:
+        cluster.stop()
+        cluster.app.close()
+        client.close()
+        if model is not None:
+            model.close()
