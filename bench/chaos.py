@@ -15,7 +15,8 @@ every `--every`, one fault, the kinds taken in turn from a shuffled cycle so tha
 - `redis`: SIGKILL of `up`'s Redis (the supervisor restarts it on its append-only file);
 - `sigstop`: SIGSTOP of a worker (grading or validation) for the visibility timeout and 30 s
   more, then SIGCONT; the run sets a shorter visibility timeout for itself
-  (`EVOENV_WORKER__VISIBILITY_TIMEOUT` 450 s, above `__COMPLETE_TIME_LIMIT` 400 s);
+  (`EVOENV_WORKER__VISIBILITY_TIMEOUT` 450 s, above `__COMPLETE_TIME_LIMIT` 300 s, which
+  leaves a request 135 s to wait for a restarting vLLM server: `__SERVER_OUTAGE_WAIT`);
 - `hostile`: a file of tests/corpus/hostile submitted as an ad-hoc job
   (`evoenv validate --queue --json`, found through the running `up`).
 
@@ -65,7 +66,7 @@ VISIBILITY = 450
 EVOENV = [sys.executable, "-c", "from evoenv_cli import main; main()"]
 RUN_ENV = {
     "EVOENV_WORKER__VISIBILITY_TIMEOUT": str(VISIBILITY),
-    "EVOENV_WORKER__COMPLETE_TIME_LIMIT": "400",
+    "EVOENV_WORKER__COMPLETE_TIME_LIMIT": "300",  # leaves 135 s of wall limit to wait out vLLM
     "EVOENV_LEARNER__CHECKPOINT_EVERY": "3",
 }
 

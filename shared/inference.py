@@ -530,7 +530,7 @@ class InferenceClient:
         self, body: Json, path: str, parse: Callable[[Json, str, int | None], list[Completion]]
     ) -> list[Completion]:
         failures: list[str] = []
-        outage_ends = time.monotonic() + self.outage_wait
+        outage_ends: float | None = None  # the wait's budget starts with the outage
         while True:
             refused = False
             for attempt, url in enumerate(self._balancer.plan()):
@@ -543,6 +543,8 @@ class InferenceClient:
                     refused = isinstance(exc, httpx.ConnectError)
             if not refused or self.outage_wait <= 0:
                 raise self._balancer.give_up(failures)
+            if outage_ends is None:
+                outage_ends = time.monotonic() + self.outage_wait
             if not self._server_back(outage_ends):
                 gone = self._balancer.give_up(failures)
                 raise ServiceUnavailable(f"{gone}; none came back within {self.outage_wait:g} s")

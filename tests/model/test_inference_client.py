@@ -208,6 +208,39 @@ def test_a_request_waits_for_a_restarting_server_and_is_sent_the_moment_it_is_ba
     assert 1.0 <= time.monotonic() - start < 5
 
 
+def test_the_wait_for_a_server_starts_when_it_goes_away(
+    fake_servers: Callable[[], FakeServer],
+) -> None:
+    # a request that had generated longer than the wait when its server went away still waits
+    first = fake_servers()
+    first.routes[("POST", "/v1/chat/completions/render")] = (503, {"error": "dying"})
+    first.delays["/v1/chat/completions/render"] = 4.0
+    port = int(first.url.rsplit(":", 1)[1])
+    second: list[FakeServer] = []
+
+    def restart() -> None:
+        time.sleep(3.0)
+        first.close()  # the request in flight still gets its 503 at 4 s
+        time.sleep(2.0)
+        server = FakeServer(port=port)
+        server.routes[("GET", "/health")] = (200, {})
+        server.routes[("POST", "/v1/chat/completions/render")] = (200, {"token_ids": [1, 2]})
+        server.routes[("POST", "/inference/v1/generate")] = (200, GENERATE)
+        second.append(server)
+
+    back = threading.Thread(target=restart)
+    back.start()
+    client = InferenceClient([first.url], "m", attempts=2, backoff=0.01, outage_wait=3.0)
+    try:
+        with client:
+            answer = client.chat([{"role": "user", "content": "hi"}])
+        assert answer[0].text == "A"
+    finally:
+        back.join()
+        for server in second:
+            server.close()
+
+
 def test_wait_ready_gives_up_after_its_timeout(dead_url: str) -> None:
     client = InferenceClient([dead_url], "m")
     with client, pytest.raises(ServiceUnavailable, match="not healthy"):
