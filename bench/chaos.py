@@ -13,10 +13,9 @@ every `--every`, one fault, the kinds taken in turn from a shuffled cycle so tha
   in turn); `vllm`: SIGKILL of the server's process group; `flower`: the same for Flower;
 - `learner`: SIGKILL of the learner (as the kernel's out-of-memory killer would);
 - `redis`: SIGKILL of `up`'s Redis (the supervisor restarts it on its append-only file);
-- `sigstop`: SIGSTOP of a worker (grading or validation) for the visibility timeout and 30 s
-  more, then SIGCONT; the run sets a shorter visibility timeout for itself
-  (`EVOENV_WORKER__VISIBILITY_TIMEOUT` 450 s, above `__COMPLETE_TIME_LIMIT` 300 s, which
-  leaves a request 135 s to wait for a restarting vLLM server: `__SERVER_OUTAGE_WAIT`);
+- `sigstop`: SIGSTOP of a worker (grading or validation) for the default visibility timeout
+  (900 s) and 30 s more, then SIGCONT; the next faults come meanwhile (the run keeps the
+  default time limits: a shorter visibility timeout had slow proposals delivered twice);
 - `hostile`: a file of tests/corpus/hostile submitted as an ad-hoc job
   (`evoenv validate --queue --json`, found through the running `up`).
 
@@ -48,6 +47,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -58,17 +58,14 @@ sys.path.insert(0, str(REPO))
 
 from evoenv_cli.supervisor import command_pid, descendants  # noqa: E402
 from evoenv_model.models import DEFAULT_MODEL, prepare_model  # noqa: E402
-from shared.config import Settings  # noqa: E402
+from shared.config import Settings, WorkerSettings  # noqa: E402
 
 KINDS = ("worker", "vllm", "learner", "flower", "redis", "sigstop", "hostile")
 WORKERS = ("worker-generation", "worker-validation", "worker-grading")
-VISIBILITY = 450
+VISIBILITY = WorkerSettings().visibility_timeout
+"""The default visibility timeout: a SIGSTOP lasts it and 30 s more."""
 EVOENV = [sys.executable, "-c", "from evoenv_cli import main; main()"]
-RUN_ENV = {
-    "EVOENV_WORKER__VISIBILITY_TIMEOUT": str(VISIBILITY),
-    "EVOENV_WORKER__COMPLETE_TIME_LIMIT": "300",  # leaves 135 s of wall limit to wait out vLLM
-    "EVOENV_LEARNER__CHECKPOINT_EVERY": "3",
-}
+RUN_ENV = {"EVOENV_LEARNER__CHECKPOINT_EVERY": "3"}
 
 
 def when(event: dict[str, Any]) -> float:
@@ -160,6 +157,7 @@ class Chaos:
         self.turn = {"worker": 0, "sigstop": 0}
         self.ever: set[int] = set()
         self.half: dict[str, Any] = {}
+        self.stopped: list[tuple[threading.Timer, dict[str, Any]]] = []
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("EVOENV_")}
@@ -213,15 +211,30 @@ class Chaos:
         fault["pid"] = pid
         if kind == "learner" or kind == "redis":
             os.kill(pid, signal.SIGKILL)
-        elif kind == "sigstop":
+        elif kind == "sigstop":  # other faults go on while it is stopped
             os.killpg(pid, signal.SIGSTOP)
-            time.sleep(VISIBILITY + 30)
-            os.killpg(pid, signal.SIGCONT)
-            fault["resumed"] = time.time()
-            fault["queued_at_resume"] = queued(self.logs, name.removeprefix("worker-"))
+            resume = threading.Timer(VISIBILITY + 30, self.resume, args=(fault,))
+            resume.daemon = True
+            resume.start()
+            self.stopped.append((resume, fault))
         else:
             os.killpg(pid, signal.SIGKILL)
         return fault
+
+    def resume(self, fault: dict[str, Any]) -> None:
+        """SIGCONT of a SIGSTOPped worker (once; a worker killed meanwhile is gone already)."""
+        if "resumed" in fault:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(fault["pid"], signal.SIGCONT)
+        fault["resumed"] = time.time()
+        fault["queued_at_resume"] = queued(self.logs, str(fault["target"]).removeprefix("worker-"))
+        print(f"chaos: resumed {json.dumps(fault)}", flush=True)
+
+    def resume_all(self) -> None:
+        for timer, fault in self.stopped:
+            timer.cancel()
+            self.resume(fault)
 
     def snapshot(self, started: float) -> dict[str, Any]:
         """Memory of each child (the memory sampler's last line) and the data folder's size."""
@@ -265,6 +278,7 @@ class Chaos:
                     print(f"chaos: {json.dumps(fault)}", flush=True)
                     next_fault = time.time() + self.args.every
                 time.sleep(2)
+            self.resume_all()  # none is due this late (see above); a guard
             exited_early = proc.poll() is not None
             final = self.snapshot(started)
             snapshot_at = time.time()
@@ -278,6 +292,7 @@ class Chaos:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(180)
         finally:
+            self.resume_all()
             if proc.poll() is None:
                 for pid in descendants(proc.pid):
                     with contextlib.suppress(ProcessLookupError):
