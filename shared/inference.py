@@ -504,12 +504,7 @@ class InferenceClient:
         """Block until every server answers /health with 200; `ServiceUnavailable` after `timeout`."""
         deadline = time.monotonic() + timeout
         for url in self._balancer.urls:
-            while True:
-                try:
-                    if self._http.get(f"{url}/health", timeout=5.0).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
+            while not self._healthy(url):
                 if time.monotonic() > deadline:
                     raise ServiceUnavailable(f"{url} was not healthy after {timeout:.0f} s")
                 time.sleep(0.5)
@@ -570,6 +565,13 @@ class InferenceClient:
         _status(response)
         return parse(_json(response), url, version)
 
+    def _healthy(self, url: str) -> bool:
+        """Whether `url` answers /health with 200 now."""
+        try:
+            return self._http.get(f"{url}/health", timeout=5.0).status_code == 200
+        except httpx.TransportError:
+            return False
+
     def _server_back(self, until: float) -> bool:
         """After every attempt found no server listening (one restarting): wait, until the
         monotonic time `until`, for one to answer /health, so that the request is sent again
@@ -577,13 +579,10 @@ class InferenceClient:
         start = time.monotonic()
         while time.monotonic() < until:
             for url in self._balancer.urls:
-                try:
-                    if self._http.get(f"{url}/health", timeout=5.0).status_code == 200:
-                        waited = round(time.monotonic() - start, 1)
-                        log.info("inference_server_back", url=url, waited_s=waited)
-                        return True
-                except httpx.TransportError:
-                    pass
+                if self._healthy(url):
+                    waited = round(time.monotonic() - start, 1)
+                    log.info("inference_server_back", url=url, waited_s=waited)
+                    return True
             time.sleep(min(OUTAGE_POLL_SECONDS, max(0.0, until - time.monotonic())))
         return False
 
