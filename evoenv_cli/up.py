@@ -265,6 +265,7 @@ async def _run_up(
                     follow.cancel()
                     sampler.cancel()
                     sweeper.cancel()
+                    _show(display, state_file, live)  # a step of the last second
             if display.learner is not None:
                 display.learner = replace(display.learner, stopping=True)
                 live.refresh()
@@ -586,21 +587,27 @@ def _republish(learner: Child, run_dir: Path) -> None:
 
 
 async def _follow(display: Display, path: Path, live: Live) -> None:
-    """Show the learner's state from its file, read once a second; off a terminal, one line
-    for each step (and one when it begins to stop)."""
-    shown: tuple[int, bool] | None = None
+    """Show the learner's state from its file, read once a second (`_show`)."""
     while True:
-        view = read_state(path)
-        if view is not None:
-            if display.learner is None:
-                display.learner_started(view)
-            display.learner = view
-            if (view.step, view.stopping) != shown and (view.last_metrics or view.stopping):
-                shown = (view.step, view.stopping)
-                if not out.is_terminal:  # Live shows only its last table off a terminal
-                    out.print(display.line(view), markup=False)
-            live.refresh()
+        _show(display, path, live)
         await asyncio.sleep(1.0)
+
+
+def _show(display: Display, path: Path, live: Live) -> None:
+    """Show the learner's state from its file; off a terminal, one line for each step (and one
+    when it begins to stop). Called once more when `up` is asked to stop, so a step taken in
+    the last second before it has its line too."""
+    view = read_state(path)
+    if view is None:
+        return
+    if display.learner is None:
+        display.learner_started(view)
+    display.learner = view
+    if (view.step, view.stopping) != display.shown and (view.last_metrics or view.stopping):
+        display.shown = (view.step, view.stopping)
+        if not out.is_terminal:  # Live shows only its last table off a terminal
+            out.print(display.line(view), markup=False)
+    live.refresh()
 
 
 SWEEP_SECONDS = 30.0

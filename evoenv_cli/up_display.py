@@ -65,6 +65,8 @@ class Display:
         self.starting: str | None = None
         """The child being started and waited for, if any."""
         self._first_step = 0
+        self.shown: tuple[int, bool] | None = None
+        """(step, stopping) of the last line printed off a terminal."""
 
     def learner_started(self, learner: Any) -> None:
         """The learner runs (from a checkpoint's step, when resumed): show its state."""

@@ -10,9 +10,13 @@ import io
 import sys
 from pathlib import Path
 
+import pytest
 from rich.console import Console
+from rich.live import Live
 
+from evoenv_cli.learner_state import state_path, write_state
 from evoenv_cli.supervisor import Child, Supervisor
+from evoenv_cli.up import _show
 from evoenv_cli.up_display import Display, progress_lines
 from evoenv_learner.loop import LearnerState
 
@@ -108,3 +112,32 @@ def test_progress_lines_come_within_a_minute_then_each_minute_until_the_first_st
     assert [at for at, _ in lines] == [30.0, 90.0, 150.0, 330.0]
     assert all(line.startswith("progress  elapsed ") for _, line in lines)
     assert display.stepped
+
+
+def test_off_a_terminal_each_step_has_one_line_however_often_it_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`up` reads the learner's file once a second and once more when it is asked to stop:
+    a step read many times is one line, the stop one more."""
+    display = Display(Supervisor(), batch_groups=1, started=0.0)
+    live = Live(console=Console(file=io.StringIO()))
+    path = state_path(tmp_path)
+    state = LearnerState()
+    write_state(path, state)
+    _show(display, path, live)  # the learner runs, no step yet: no line
+    for step in (1, 2):
+        state.step, state.version = step, step + 1
+        state.last_metrics = {"reward_mean_solver": 0.5 * step}
+        write_state(path, state)
+        _show(display, path, live)
+        _show(display, path, live)
+    state.stopping = True
+    write_state(path, state)
+    _show(display, path, live)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("  solver")[0] for line in lines] == [
+        "step 1  version 2",
+        "step 2  version 3",
+        "step 2  version 3",
+    ]
+    assert "0.500" in lines[0] and lines[2].endswith("then a checkpoint)")
