@@ -3,8 +3,8 @@
     python bench/chaos.py [--minutes 60] [--every 240] [--warmup 300] [--seed 0] [--data-dir D]
                           [--kinds worker,vllm,learner,flower,redis,sigstop,hostile]
 
-`up` starts as a user starts it (defaults, JSON logs, but a checkpoint every 3 steps so that
-the data folder holds the two kept before half time), on a fresh data folder whose `models`
+`up` starts as a user starts it (defaults, JSON logs, but a checkpoint every step so that the
+data folder holds the two kept long before half time: its growth is then that of a steady run), on a fresh data folder whose `models`
 links to the user's prepared models (the default one prepared first if it is not). After
 `--warmup` seconds, and then
 every `--every`, one fault, the kinds taken in turn from a shuffled cycle so that each comes up:
@@ -20,11 +20,13 @@ every `--every`, one fault, the kinds taken in turn from a shuffled cycle so tha
   (`evoenv validate --queue --json`, found through the running `up`).
 
 Recovery of a fault, from the run's logs: seconds from the fault until the broken part is back
-(the supervisor's `child_restarted`) and the first job that depends on it has completed (a job
-of that worker; a completion of the generation queue after vLLM; the next optimiser step after
-the learner or Redis; after SIGCONT, a job of the stopped worker, counted from its receipt
-when the worker's queue was empty at the SIGCONT; the ad-hoc job's report), next
-to the median gap between steps. At `--minutes` the stream is read, `up` gets SIGINT, and the
+(the supervisor's `child_restarted`) and the first job that depends on it has completed: a job
+of that worker (when its queue was empty as it came back, the wait for work is left out); a
+job of the generation worker (completion or proposal) after vLLM; the restarted learner's
+first group read from the stream; after Redis, a job received through it and completed; after
+SIGCONT, a job of the stopped worker (counted from its receipt when its queue was empty at the
+SIGCONT); the ad-hoc job's report. Beside each, the seconds to the next optimiser step (which
+also waits for the pipeline's next groups), and the median gap between steps. At `--minutes` the stream is read, `up` gets SIGINT, and the
 checks follow: groups trained twice into the weights that were kept (steps a resumed learner
 rolled back do not count), graded groups neither trained into kept weights, skipped, dropped as
 stale, nor still in the stream (lost), admitted environments per the generation groups' results
@@ -65,7 +67,7 @@ WORKERS = ("worker-generation", "worker-validation", "worker-grading")
 VISIBILITY = WorkerSettings().visibility_timeout
 """The default visibility timeout: a SIGSTOP lasts it and 30 s more."""
 EVOENV = [sys.executable, "-c", "from evoenv_cli import main; main()"]
-RUN_ENV = {"EVOENV_LEARNER__CHECKPOINT_EVERY": "3"}
+RUN_ENV = {"EVOENV_LEARNER__CHECKPOINT_EVERY": "1"}
 
 
 def when(event: dict[str, Any]) -> float:
@@ -144,6 +146,13 @@ def folder_bytes(folder: Path) -> int:
             if path.is_file() and not path.is_symlink():
                 total += path.stat().st_size
     return total
+
+
+def size(path: Path) -> int:
+    with contextlib.suppress(OSError):
+        if path.is_file() and not path.is_symlink():
+            return path.stat().st_size
+    return 0
 
 
 class Chaos:
@@ -231,6 +240,15 @@ class Chaos:
         fault["queued_at_resume"] = queued(self.logs, str(fault["target"]).removeprefix("worker-"))
         print(f"chaos: resumed {json.dumps(fault)}", flush=True)
 
+    def note_back(self) -> None:
+        """For a killed worker, once it runs again: the jobs waiting in its queue then."""
+        for fault in self.faults:
+            if fault["kind"] == "worker" and "pid" in fault and "queued_at_back" not in fault:
+                pid = child_pid(self.logs, str(fault["target"]))
+                if pid is not None and pid != fault["pid"]:
+                    queue = str(fault["target"]).removeprefix("worker-")
+                    fault["queued_at_back"] = queued(self.logs, queue)
+
     def resume_all(self) -> None:
         for timer, fault in self.stopped:
             timer.cancel()
@@ -245,6 +263,11 @@ class Chaos:
             "by_child": last.get("by_child", {}),
             "pss_gib": last.get("pss_gib"),
             "data_bytes": folder_bytes(self.data),
+            "data_by_folder": {
+                str(path.relative_to(self.data)): folder_bytes(path) if path.is_dir() else size(path)
+                for path in [*self.data.iterdir(), *(self.data / "runs" / "default").glob("*")]
+                if path.name != "runs"
+            },
         }
 
     def run(self) -> int:
@@ -266,6 +289,7 @@ class Chaos:
         try:
             while time.time() < end and proc.poll() is None:
                 self.ever |= descendants(proc.pid)
+                self.note_back()
                 if not self.half and time.time() >= started + minutes * 30:
                     self.half = self.snapshot(started)
                 if time.time() >= next_fault and time.time() < end - 120:
@@ -345,9 +369,6 @@ def recovery(events: list[dict[str, Any]], fault: dict[str, Any]) -> float | Non
     def restarted(name: str) -> Any:
         return lambda e: e.get("event") == "child_restarted" and e.get("child") == name
 
-    def step(e: dict[str, Any]) -> bool:
-        return e.get("event") == "train_step"
-
     if kind == "sigstop":
         resumed = float(fault["resumed"])
         done = first_after(events, resumed, succeeded(target))
@@ -360,21 +381,38 @@ def recovery(events: list[dict[str, Any]], fault: dict[str, Any]) -> float | Non
         return None
     if kind == "worker":
         done = first_after(events, back, succeeded(target))
-    elif kind == "vllm":
+        received = _received(events, target, done)
+        if received is not None and received > back and fault.get("queued_at_back") == 0:
+            # its queue was empty when it came back: the wait for work is not recovery
+            return _end(done, at + received - back)
+    elif kind == "vllm":  # any job of the worker that calls the server (completion, proposal)
+        done = first_after(events, back, succeeded("worker-generation"))
+    elif kind == "learner":  # its consumer reads the stream again
         done = first_after(
-            events,
-            back,
-            lambda e: (
-                e["_log"] == "worker-generation"
-                and "evoenv.complete" in str(e.get("event"))
-                and "succeeded in" in str(e.get("event"))
-            ),
+            events, back, lambda e: e["_log"] == "learner" and e.get("event") == "group_read"
         )
-    elif kind in ("learner", "redis"):
-        done = first_after(events, back, step)
+    elif kind == "redis":  # a job handed out through the restarted broker has completed
+        done = next(
+            (
+                e["_t"]
+                for e in events
+                if e["_t"] > back
+                and e["_log"] in WORKERS
+                and "succeeded in" in str(e.get("event"))
+                and (_received(events, e["_log"], e["_t"]) or 0.0) > back
+            ),
+            None,
+        )
     else:  # flower: back once it listens
         done = back
     return _end(done, at)
+
+
+def next_step(events: list[dict[str, Any]], fault: dict[str, Any]) -> float | None:
+    """Seconds from a fault to the next optimiser step (shown beside the learner's and Redis's
+    recovery: a step also waits for the pipeline's next groups)."""
+    at = float(fault["at"])
+    return _end(first_after(events, at, lambda e: e.get("event") == "train_step"), at)
 
 
 def _received(events: list[dict[str, Any]], log: str, done: float | None) -> float | None:
@@ -441,6 +479,7 @@ def analyse(
     restarted = {str(e.get("child")) for e in events if e.get("event") == "child_restarted"}
     return {
         "recoveries": [recovery(events, f) for f in faults],
+        "next_steps": [next_step(events, f) for f in faults],
         "median_step_gap_s": round(statistics.median(gaps), 1) if gaps else None,
         "steps": len(kept),
         "twice": twice,
@@ -455,11 +494,14 @@ def analyse(
 
 def report(r: dict[str, Any], minutes: float) -> int:
     faults, recoveries = r["faults"], r["recoveries"]
-    print("\n| fault | target | minute | recovery s |")
-    print("| --- | --- | ---: | ---: |")
-    for fault, seconds in zip(faults, recoveries, strict=True):
-        shown = "-" if seconds is None else f"{seconds:.0f}"
-        print(f"| {fault['kind']} | {fault.get('target')} | {fault['minute']} | {shown} |")
+    nexts = r.get("next_steps") or [None] * len(faults)
+    print("\n| fault | target | minute | recovery s | next step s |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    for fault, seconds, step in zip(faults, recoveries, nexts, strict=True):
+        shown, after = ("-" if v is None else f"{v:.0f}" for v in (seconds, step))
+        print(
+            f"| {fault['kind']} | {fault.get('target')} | {fault['minute']} | {shown} | {after} |"
+        )
     print(f"\nmedian gap between steps: {r['median_step_gap_s']} s; kept steps {r['steps']}")
     whole = [c for c in r["final"]["by_child"] if c not in r["restarted_children"]]
     half, final = r["half"].get("by_child", {}), r["final"]["by_child"]
@@ -474,6 +516,11 @@ def report(r: dict[str, Any], minutes: float) -> int:
     da, db = r["half"].get("data_bytes", 0), r["final"]["data_bytes"]
     folder = (db - da) / da if da else 0.0
     print(f"\ndata folder: {da / 2**30:.2f} GiB at half time, {db / 2**30:.2f} GiB at the end")
+    parts = r["half"].get("data_by_folder", {}), r["final"].get("data_by_folder", {})
+    for name in sorted(set(parts[0]) | set(parts[1])):
+        a, b = (part.get(name, 0) / 2**30 for part in parts)
+        if max(a, b) >= 0.01:
+            print(f"  {name}: {a:.2f} -> {b:.2f} GiB")
     print(
         f"graded groups {r['graded']}, lost {len(r['lost'])}, trained twice into kept weights "
         f"{len(r['twice'])}, still in the stream {r['in_stream']}; admitted per the groups "

@@ -465,6 +465,7 @@ class Learner:
             state.stale_dropped = consumer.stats.stale + state.stale_at_step
             settle_dropped(consumer.take_dropped(), self.orchestrator, state.funnel)
             for group in groups:
+                log.info("group_read", group=group.group_id, role=group.role)
                 if consumer.settled(group) or await settle_read(
                     group, self.orchestrator, self.pool, state, self.settings
                 ):

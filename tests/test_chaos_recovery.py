@@ -44,3 +44,59 @@ def test_a_worker_with_work_waiting_counts_from_its_sigcont() -> None:
     # a job in flight across the stop, finished after the SIGCONT, counts from the SIGCONT
     held = [*EVENTS[:1], _event(500.0, "Task evoenv.validate[job-1] succeeded in 400.0s: {}")]
     assert chaos.recovery(held, _stop(0)) == 20.0
+
+
+def _at(t: float, log: str, text: str) -> dict[str, Any]:
+    return {"_t": t, "_log": log, "event": text}
+
+
+def _restarted(t: float, child: str) -> dict[str, Any]:
+    return {"_t": t, "_log": "up", "event": "child_restarted", "child": child}
+
+
+def test_a_killed_worker_idle_when_back_counts_its_restart_and_its_first_job() -> None:
+    log = "worker-validation"
+    events = [
+        _restarted(30.0, log),
+        _at(200.0, log, "Task evoenv.validate[job-9] received"),
+        _at(250.0, log, "Task evoenv.validate[job-9] succeeded in 50.0s: {}"),
+    ]
+    fault = {"kind": "worker", "target": log, "at": 0.0}
+    assert chaos.recovery(events, {**fault, "queued_at_back": 0}) == 80.0  # 30 back + 50 job
+    # jobs were waiting when it came back (or Redis could not say): all of it is recovery
+    assert chaos.recovery(events, {**fault, "queued_at_back": 2}) == 250.0
+    assert chaos.recovery(events, fault) == 250.0
+
+
+def test_after_vllm_any_job_of_the_generation_worker_counts() -> None:
+    log = "worker-generation"
+    events = [
+        _restarted(60.0, "vllm"),
+        _at(90.0, log, "Task evoenv.propose[p-1] succeeded in 400.0s: {}"),
+        _at(120.0, log, "Task evoenv.complete[c-1] succeeded in 30.0s: {}"),
+    ]
+    assert chaos.recovery(events, {"kind": "vllm", "target": "vllm", "at": 0.0}) == 90.0
+
+
+def test_the_learner_recovers_when_it_reads_the_stream_again() -> None:
+    events = [
+        {"_t": 5.0, "_log": "learner", "event": "group_read"},  # the killed one's, before
+        _restarted(20.0, "learner"),
+        {"_t": 70.0, "_log": "learner", "event": "group_read"},
+        {"_t": 300.0, "_log": "learner", "event": "train_step"},
+    ]
+    fault = {"kind": "learner", "target": "learner", "at": 10.0}
+    assert chaos.recovery(events, fault) == 60.0
+    assert chaos.next_step(events, fault) == 290.0
+
+
+def test_after_redis_only_a_job_received_through_the_restarted_broker_counts() -> None:
+    log = "worker-grading"
+    events = [
+        _at(1.0, log, "Task evoenv.grade[g-1] received"),
+        _restarted(15.0, "redis"),
+        _at(40.0, log, "Task evoenv.grade[g-1] succeeded in 39.0s: {}"),  # in hand at the kill
+        _at(50.0, log, "Task evoenv.grade[g-2] received"),
+        _at(65.0, log, "Task evoenv.grade[g-2] succeeded in 15.0s: {}"),
+    ]
+    assert chaos.recovery(events, {"kind": "redis", "target": "redis", "at": 10.0}) == 55.0
