@@ -23,11 +23,12 @@ Recovery of a fault, from the run's logs: seconds from the fault until the broke
 (the supervisor's `child_restarted`) and the first job that depends on it has completed: a job
 of that worker (when its queue was empty as it came back, the wait for work is left out); a
 job of the generation worker (completion or proposal) after vLLM; the restarted learner's
-first group read from the stream; after Redis, a job received through it and completed; after
-SIGCONT, a job of the stopped worker (counted from its receipt when its queue was empty at the
-SIGCONT); the ad-hoc job's report. Beside each, the seconds to the next optimiser step (which
-also waits for the pipeline's next groups), and the median gap between steps. At `--minutes` the stream is read, `up` gets SIGINT, and the
-checks follow: groups trained twice into the weights that were kept (steps a resumed learner
+first group read from the stream; after Redis, a job completed (its result and acknowledgement
+written to the restarted server); after SIGCONT, a job of the stopped worker (counted from its
+receipt when its queue was empty at the SIGCONT); the ad-hoc job's report. Beside each, the
+seconds to the next optimiser step (which also waits for the pipeline's next groups), and the
+median gap between steps. At `--minutes` the stream is read, `up` gets SIGINT, and the checks
+follow: groups trained twice into the weights that were kept (steps a resumed learner
 rolled back do not count), graded groups neither trained into kept weights, skipped, dropped as
 stale, nor still in the stream (lost), admitted environments per the generation groups' results
 against the archive, processes of the run left a minute after the stop, the memory of the
@@ -264,7 +265,9 @@ class Chaos:
             "pss_gib": last.get("pss_gib"),
             "data_bytes": folder_bytes(self.data),
             "data_by_folder": {
-                str(path.relative_to(self.data)): folder_bytes(path) if path.is_dir() else size(path)
+                str(path.relative_to(self.data)): folder_bytes(path)
+                if path.is_dir()
+                else size(path)
                 for path in [*self.data.iterdir(), *(self.data / "runs" / "default").glob("*")]
                 if path.name != "runs"
             },
@@ -391,17 +394,9 @@ def recovery(events: list[dict[str, Any]], fault: dict[str, Any]) -> float | Non
         done = first_after(
             events, back, lambda e: e["_log"] == "learner" and e.get("event") == "group_read"
         )
-    elif kind == "redis":  # a job handed out through the restarted broker has completed
-        done = next(
-            (
-                e["_t"]
-                for e in events
-                if e["_t"] > back
-                and e["_log"] in WORKERS
-                and "succeeded in" in str(e.get("event"))
-                and (_received(events, e["_log"], e["_t"]) or 0.0) > back
-            ),
-            None,
+    elif kind == "redis":  # a job completed: its result and acknowledgement went into it
+        done = first_after(
+            events, back, lambda e: e["_log"] in WORKERS and "succeeded in" in str(e.get("event"))
         )
     else:  # flower: back once it listens
         done = back
