@@ -25,7 +25,9 @@ of that worker (when its queue was empty as it came back, the wait for work is l
 job of the generation worker (completion or proposal) after vLLM; the restarted learner's
 first group read from the stream; after Redis, a job completed (its result and acknowledgement
 written to the restarted server); after SIGCONT, a job of the stopped worker (counted from its
-receipt when its queue was empty at the SIGCONT); the ad-hoc job's report. Beside each, the
+receipt when its queue was empty at the SIGCONT), or, where `up` replaced the silent worker
+before the SIGCONT, its first job after the restart, counted from the SIGSTOP; the ad-hoc job's
+report. Beside each, the
 seconds to the next optimiser step (which also waits for the pipeline's next groups), and the
 median gap between steps. At `--minutes` the stream is read, `up` gets SIGINT, and the checks
 follow: groups trained twice into the weights that were kept (steps a resumed learner
@@ -373,6 +375,10 @@ def recovery(events: list[dict[str, Any]], fault: dict[str, Any]) -> float | Non
         return lambda e: e.get("event") == "child_restarted" and e.get("child") == name
 
     if kind == "sigstop":
+        replaced = first_after(events, at, restarted(target))
+        if replaced is not None and replaced < float(fault["resumed"]):
+            # `up` found it silent and replaced it: its first job after that, from the SIGSTOP
+            return _end(first_after(events, replaced, succeeded(target)), at)
         resumed = float(fault["resumed"])
         done = first_after(events, resumed, succeeded(target))
         received = _received(events, target, done)
@@ -449,9 +455,16 @@ def analyse(
     before = [e for e in events if e["_t"] <= snapshot_at]
     graded = {str(e["group_id"]) for e in before if e.get("event") == "group_graded"}
     graded |= {str(e["group_id"]) for e in before if e.get("event") == "generation_group_done"}
-    # held-out evaluations are graded too, into the evaluation's own run: not the trainer's
-    evaluated = re.compile(r"'run': '[^']*-eval', 'group_id': '([0-9a-f]+)'")
-    graded -= {m for e in events for m in evaluated.findall(str(e.get("event")))}
+    # held-out evaluations and the serving-difficulty search are graded too, each into a run of
+    # its own (RUN-eval, RUN-serving): not the trainer's
+    trainer = next(
+        (str(e["run"]) for e in events if e.get("event") == "learner_started" and "run" in e),
+        "default",
+    )
+    runs = re.compile(r"'run': '([^']*)', 'group_id': '([0-9a-f]+)'")
+    graded -= {
+        group for e in events for run, group in runs.findall(str(e.get("event"))) if run != trainer
+    }
     settled = {str(e.get("group")) for e in events if e.get("event") in (
         "group_skipped", "rollout_stale", "rollout_stale_at_step")}  # fmt: skip
     lost = sorted(graded - set(counts) - settled - in_stream)

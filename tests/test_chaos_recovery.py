@@ -100,3 +100,43 @@ def test_after_redis_the_first_job_completed_into_the_restarted_server_counts() 
         _at(65.0, log, "Task evoenv.grade[g-2] succeeded in 15.0s: {}"),
     ]
     assert chaos.recovery(events, {"kind": "redis", "target": "redis", "at": 10.0}) == 30.0
+
+
+def test_a_stopped_worker_replaced_by_up_counts_from_the_sigstop() -> None:
+    log = "worker-grading"
+    events = [
+        _restarted(110.0, log),  # found silent and replaced, long before the SIGCONT
+        _at(112.0, log, "Task evoenv.grade[g-1] received"),
+        _at(130.0, log, "Task evoenv.grade[g-1] succeeded in 18.0s: {}"),
+    ]
+    fault = {"kind": "sigstop", "target": log, "at": 0.0, "resumed": 930.0, "queued_at_resume": 0}
+    assert chaos.recovery(events, fault) == 130.0
+
+
+def test_groups_graded_into_other_runs_than_the_trainers_are_not_lost(tmp_path: Path) -> None:
+    def sampled(t: float, run: str, group: str) -> dict[str, Any]:
+        text = (
+            f"Task evoenv.sample[x] succeeded in 0.01s: {{'run': '{run}', 'group_id': '{group}'}}"
+        )
+        return _at(t, "worker-grading", text)
+
+    def graded(t: float, group: str) -> dict[str, Any]:
+        return {"_t": t, "_log": "worker-grading", "event": "group_graded", "group_id": group}
+
+    events = [
+        {"_t": 0.0, "_log": "learner", "event": "learner_started", "run": "main"},
+        sampled(1.0, "main", "aa01"),
+        sampled(1.0, "main-serving", "bb02"),
+        sampled(1.0, "main-eval", "cc03"),
+        sampled(1.0, "main", "dd04"),
+        *(graded(2.0, g) for g in ("aa01", "bb02", "cc03", "dd04")),
+        {
+            "_t": 3.0,
+            "_log": "learner",
+            "event": "train_step",
+            "step": 1,
+            "groups_trained": ["aa01"],
+        },
+    ]
+    found = chaos.analyse(events, [], set(), 10.0, tmp_path)
+    assert found["lost"] == ["dd04"] and found["graded"] == 2
