@@ -27,7 +27,8 @@ from rich.live import Live
 from evoenv_cli import tree_memory
 from evoenv_cli.envs import EXIT_ERROR, err, out
 from evoenv_cli.learner_state import read_state, state_path
-from evoenv_cli.supervisor import Child, Supervisor, descendants, process_parents
+from evoenv_cli.responsive import replace_silent
+from evoenv_cli.supervisor import Child, Supervisor, command_pid, descendants, process_parents
 from evoenv_cli.up_display import Display, progress_lines
 from evoenv_cli.up_record import remove_record, write_record
 from shared import keys
@@ -259,12 +260,15 @@ async def _run_up(
                 sampler = asyncio.create_task(_sample_memory(supervisor, logs))
                 visibility = settings.worker.visibility_timeout
                 sweeper = asyncio.create_task(_sweep_unacknowledged(settings.redis_url, visibility))
+                pinger = _ping_workers(supervisor, settings)
                 try:
                     await supervisor.watch(stop)
                 finally:
                     follow.cancel()
                     sampler.cancel()
                     sweeper.cancel()
+                    if pinger is not None:
+                        pinger.cancel()
                     _show(display, state_file, live)  # a step of the last second
             if display.learner is not None:
                 display.learner = replace(display.learner, stopping=True)
@@ -608,6 +612,17 @@ def _show(display: Display, path: Path, live: Live) -> None:
         if not out.is_terminal:  # Live shows only its last table off a terminal
             out.print(display.line(view), markup=False)
     live.refresh()
+
+
+def _ping_workers(supervisor: Supervisor, settings: Settings) -> asyncio.Task[None] | None:
+    """The task that replaces a worker that stops answering (`responsive.replace_silent`)."""
+    after = settings.worker.unresponsive_after
+    if after <= 0:
+        return None
+    workers = [c for c in supervisor.children if c.name.startswith("worker-")]
+    return asyncio.create_task(
+        replace_silent(workers, settings.redis_url, after, command_pid, supervisor.say)
+    )
 
 
 SWEEP_SECONDS = 30.0

@@ -130,6 +130,10 @@ class WorkerSettings(BaseModel):
     visibility_timeout: float = Field(900.0, gt=0)
     """Seconds before Redis hands an unacknowledged job to another worker; must exceed every hard
     time limit (a worker killed outright has its jobs redelivered after this)."""
+    unresponsive_after: float = Field(90.0, ge=0)
+    """Seconds a worker of `evoenv up` may answer no ping (Celery's remote control) while
+    another worker answers before `up` kills it and starts it again, its jobs in hand given
+    back (a stopped, hung or deadlocked worker; 0: never)."""
     max_tasks_per_child: int = Field(100, ge=0)
     """Jobs a pool process of a validation or grading worker runs before it is replaced by a
     fresh fork (0: never): what the interpreter's heap keeps after each job does not add up
