@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import math
 import os
-import re
 import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,8 +23,6 @@ EVERY = 15.0
 """Seconds between pings."""
 PING_TIMEOUT = 5.0
 """Seconds a ping waits for the workers' answers."""
-NODE = re.compile(r"^[^@]*-(\d+)@")
-"""A worker's node name as `evoenv worker` sets it: QUEUES-PID@HOST."""
 
 
 @dataclass
@@ -57,17 +54,6 @@ class Silence:
         return silent
 
 
-def answering(app: Any, timeout: float = PING_TIMEOUT) -> set[int]:
-    """The pids of the workers that answered a ping (named as `evoenv worker` names them)."""
-    replies = app.control.ping(timeout=timeout) or []
-    return {
-        int(found.group(1))
-        for reply in replies
-        for node in reply
-        if (found := NODE.match(node)) is not None
-    }
-
-
 async def replace_silent(
     workers: Sequence[Any],
     redis_url: str,
@@ -78,28 +64,24 @@ async def replace_silent(
     """Ping `workers` (supervised `Child`ren) every `EVERY` seconds; SIGKILL the process group
     of one silent for `after` seconds, so that the supervisor restarts it as a death (its jobs
     in hand given back). Runs until cancelled."""
-    from celery import Celery
+    from evoenv_worker.broker import answering_pids
 
-    app = Celery("evoenv-up", broker=redis_url, set_as_current=False)
     silence = Silence(after, EVERY)
-    try:
-        while True:
-            await asyncio.sleep(EVERY)
-            running = {
-                pid: child
-                for child in workers
-                if child.alive and (pid := command_pid(child.proc.pid)) is not None
-            }
-            try:
-                answered = await asyncio.to_thread(answering, app, PING_TIMEOUT)
-            except Exception as exc:  # noqa: BLE001 (Redis away: kombu's or redis's errors)
-                log.debug("ping_skipped", error=str(exc))
-                continue
-            for pid in silence.heard(answered, list(running)):
-                child = running[pid]
-                say(f"{child.name} answered no ping for {after:g} s; killed to be restarted")
-                log.warning("worker_unresponsive", child=child.name, pid=pid, seconds=after)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
-    finally:
-        app.close()
+    while True:
+        await asyncio.sleep(EVERY)
+        running = {
+            pid: child
+            for child in workers
+            if child.alive and (pid := command_pid(child.proc.pid)) is not None
+        }
+        try:
+            answered = await asyncio.to_thread(answering_pids, redis_url, PING_TIMEOUT)
+        except Exception as exc:  # noqa: BLE001 (Redis away: kombu's or redis's errors)
+            log.debug("ping_skipped", error=str(exc))
+            continue
+        for pid in silence.heard(answered, list(running)):
+            child = running[pid]
+            say(f"{child.name} answered no ping for {after:g} s; killed to be restarted")
+            log.warning("worker_unresponsive", child=child.name, pid=pid, seconds=after)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)

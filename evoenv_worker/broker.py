@@ -7,6 +7,7 @@ is dropped with a logged reason, and a channel outlives its connection's loss (s
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Collection
 from typing import Any
@@ -113,3 +114,25 @@ def restore_unacknowledged(
                 channel.qos.restore_by_tag(tag, client=client, leftmost=True)
                 restored += 1
     return restored
+
+
+NODE = re.compile(r"^[^@]*-(\d+)@")
+"""A worker's node name as `evoenv worker` sets it: QUEUES-PID@HOST."""
+_ping_apps: dict[str, Any] = {}
+
+
+def answering_pids(redis_url: str, timeout: float) -> set[int]:
+    """The pids of the workers that answered a ping (Celery's remote control) within `timeout`
+    seconds, read from their node names (`NODE`); a worker named otherwise is not counted."""
+    from celery import Celery
+
+    app = _ping_apps.get(redis_url)
+    if app is None:
+        app = _ping_apps[redis_url] = Celery("evoenv-ping", broker=redis_url, set_as_current=False)
+    replies = app.control.ping(timeout=timeout) or []
+    return {
+        int(found.group(1))
+        for reply in replies
+        for node in reply
+        if (found := NODE.match(node)) is not None
+    }

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from evoenv_cli.responsive import NODE, Silence
+from evoenv_cli.responsive import Silence
+from evoenv_worker.broker import NODE
 
 
 def test_a_worker_silent_while_another_answers_is_replaced_after_the_limit() -> None:

@@ -20,6 +20,7 @@ from evoenv_cli import responsive
 from evoenv_cli.supervisor import Child, Supervisor, command_pid
 from evoenv_cli.up import _worker_died
 from evoenv_worker import tasks
+from evoenv_worker.broker import answering_pids
 from shared import keys
 
 pytestmark = pytest.mark.integration
@@ -69,7 +70,7 @@ def test_a_stopped_worker_is_replaced_and_its_job_graded_once(
     client = redis.Redis.from_url(cluster.redis_url)
 
     def answering() -> set[int]:
-        return responsive.answering(cluster.app, 1.0)
+        return answering_pids(cluster.redis_url, 1.0)
 
     async def scenario() -> str:
         stop = asyncio.Event()
