@@ -1,7 +1,8 @@
 """The workers' Redis broker transport: kombu's, except that a queue entry that is not a message
 is dropped with a logged reason, and a channel outlives its connection's loss (see `Channel`).
 
-`install()` makes it the transport of `redis://` and `rediss://` URLs.
+`install()` makes it the transport of `redis://` and `rediss://` URLs; `restore_unacknowledged`
+and `answering_pids` serve `evoenv up`, which watches its workers through the broker.
 """
 
 from __future__ import annotations
