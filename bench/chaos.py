@@ -142,20 +142,14 @@ def stream_group_ids(logs: Path) -> set[str]:
     return ids
 
 
-def folder_bytes(folder: Path) -> int:
+def folder_bytes(path: Path) -> int:
+    """Bytes of the files under `path` (or of `path`, a file), links left out."""
     total = 0
-    for path in folder.rglob("*"):
+    for item in [path, *path.rglob("*")] if path.is_dir() else [path]:
         with contextlib.suppress(OSError):
-            if path.is_file() and not path.is_symlink():
-                total += path.stat().st_size
+            if item.is_file() and not item.is_symlink():
+                total += item.stat().st_size
     return total
-
-
-def size(path: Path) -> int:
-    with contextlib.suppress(OSError):
-        if path.is_file() and not path.is_symlink():
-            return path.stat().st_size
-    return 0
 
 
 class Chaos:
@@ -268,8 +262,6 @@ class Chaos:
             "data_bytes": folder_bytes(self.data),
             "data_by_folder": {
                 str(path.relative_to(self.data)): folder_bytes(path)
-                if path.is_dir()
-                else size(path)
                 for path in [*self.data.iterdir(), *(self.data / "runs" / "default").glob("*")]
                 if path.name != "runs"
             },
