@@ -2,7 +2,9 @@
 
 `tests/corpus/flawed/` holds one environment per rule the validator enforces, each otherwise
 sound so that it fails only at the intended stage; `tests/corpus/sound/` holds environments
-that look odd but keep the contract and must be admitted. Each file says what to expect in
+that look odd but keep the contract and must be admitted; `tests/corpus/unsound/` holds files
+that pass L1-L5 although their prompt asks something else than their `solve` computes (no
+mechanical stage can tell; the second solve is measured on them). Each file says what to expect in
 its leading comment lines:
 
     # expect: L3                      the stage that must reject it (or `admitted`)
@@ -42,6 +44,9 @@ REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tests" / "corpus"
 FLAWED = sorted((CORPUS / "flawed").glob("*.py"))
 SOUND = sorted((CORPUS / "sound").glob("*.py"))
+UNSOUND = sorted((CORPUS / "unsound").glob("*.py"))
+"""Files that pass L1-L5 but whose prompt does not ask what `solve` computes (the second solve's
+corpus: bench/bench_second_solve.py)."""
 CORPUS_OP_SECONDS = 2.0
 MAX_SOURCE_BYTES = 64 * 1024
 SOUND_BASE = CORPUS / "sound" / "int_score_count_distinct.py"
@@ -117,7 +122,7 @@ def built_cases() -> list[Case]:
 
 def corpus_cases() -> list[Case]:
     cases = []
-    for path in [*FLAWED, *SOUND]:
+    for path in [*FLAWED, *SOUND, *UNSOUND]:
         data = path.read_bytes()
         cases.append(Case(f"{path.parent.name}/{path.stem}", data, Expectation.parse(data)))
     return cases
@@ -183,7 +188,7 @@ def _check(report: ValidationReport, case: Case) -> None:
 def test_corpus_is_complete() -> None:
     stages = {c.expect.stage for c in CASES}
     assert stages == {None, *MECHANICAL_STAGES}
-    assert len(FLAWED) >= 17 and len(SOUND) >= 5
+    assert len(FLAWED) >= 17 and len(SOUND) >= 5 and len(UNSOUND) >= 5
     assert len(ATTACKS) >= 6
 
 

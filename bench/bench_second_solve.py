@@ -1,0 +1,113 @@
+"""Does the second solve tell sound environments from unsound ones, beside the review?
+
+Sound: the seed pool and `tests/corpus/sound/`; unsound: `tests/corpus/unsound/` (files that pass
+L1-L5 but whose prompt does not ask what `solve` computes). For each file, on the embedded model
+(or `--weights`, `--url`): the review stage as admission runs it (the baseline, K reviews) and
+the second solve (`evoenv_worker/second_solve.py`, K written solves), each at the admission's
+review temperature and seed. One line per file, then per kind: how many each check passes.
+
+    python bench/bench_second_solve.py
+    python bench/bench_second_solve.py --files tests/corpus/unsound/*.py   # some files only
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import time
+from pathlib import Path
+
+from bench_proposals import served  # the same server set-up as the proposals bench
+from benchkit import REPO
+
+from evoenv_worker.model_stages import request_seed, review_stage, trace_instance
+from evoenv_worker.sandbox.host import Sandbox
+from evoenv_worker.second_solve import second_solve
+from evoenv_worker.solver_completions import make_client
+from shared.config import Settings
+from shared.inference import InferenceClient, Sampling
+from shared.messages import EnvRef, StageJob
+
+KINDS = {
+    "sound": [
+        *sorted((REPO / "seeds").glob("*.py")),
+        *sorted((REPO / "tests/corpus/sound").glob("*.py")),
+    ],
+    "unsound": sorted((REPO / "tests/corpus/unsound").glob("*.py")),
+}
+
+
+def judge(
+    client: InferenceClient, sandbox: Sandbox, path: Path, settings: Settings
+) -> tuple[bool, bool, str, float, float]:
+    """(review passes, second solve passes, second solve's agreements, seconds of each)."""
+    source = path.read_text()
+    traced = trace_instance(sandbox, source, path.name)
+    assert traced is not None, f"{path}: the traced instance cannot be sampled"
+    meta, trace = traced
+    a = settings.admission
+    env = EnvRef(name=path.stem, sha=hashlib.sha256(source.encode()).hexdigest(), source=source)
+    job = StageJob(
+        job_id=f"bench-{path.stem}",
+        run="bench",
+        env=env,
+        oracle=str(meta["oracle"]),
+        difficulty=trace.difficulty,
+        trace=trace,
+    )
+    started = time.perf_counter()
+    review = review_stage(client, job, settings)
+    review_seconds = time.perf_counter() - started
+    sampling = Sampling(
+        n=a.reviews,
+        temperature=a.review_temperature,
+        max_tokens=a.review_max_tokens,
+        seed=request_seed(settings, "second_solve", env.sha),
+    )
+    difficulties = (int(meta["min_difficulty"]), int(meta["max_difficulty"]))
+    second = second_solve(client, sandbox, source, path.name, trace, sampling, difficulties)
+    agreements = "/".join(str(n) for n in second.agreements) + f" of {second.instances}"
+    return review.ok, second.ok, agreements, review_seconds, second.seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--files", type=Path, nargs="+", default=None, help="only these files")
+    parser.add_argument("--weights", type=Path, default=None, help="a checkpoint (or model) folder")
+    parser.add_argument("--url", default=None, help="a running server (default: start one)")
+    args = parser.parse_args()
+    chosen = {p.resolve() for p in args.files} if args.files else None
+    base = Settings()
+    counts: dict[str, list[int]] = {}
+    lines = ["| kind | file | review | second solve | agreements | s review | s second |",
+             "| --- | --- | --- | --- | --- | ---: | ---: |"]  # fmt: skip
+    with (
+        served(base, args.url, args.weights) as settings,
+        make_client(settings) as client,
+        Sandbox(settings.sandbox) as sandbox,
+    ):
+        for kind, paths in KINDS.items():
+            for path in paths:
+                if chosen is not None and path.resolve() not in chosen:
+                    continue
+                review, second, agreements, rs, ss = judge(client, sandbox, path, settings)
+                tally = counts.setdefault(kind, [0, 0, 0, 0])
+                tally[0] += 1
+                tally[1] += review
+                tally[2] += second
+                tally[3] += review and second
+                lines.append(
+                    f"| {kind} | {path.stem} | {'pass' if review else 'reject'} | "
+                    f"{'pass' if second else 'reject'} | {agreements} | {rs:.0f} | {ss:.0f} |"
+                )
+                print(lines[-1], flush=True)
+    print(f"\nmodel: {args.url or args.weights or base.model}")
+    print("\n".join(lines))
+    print("\n| kind | files | review passes | second solve passes | both pass |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for kind, (n, review, second, both) in counts.items():
+        print(f"| {kind} | {n} | {review} | {second} | {both} |")
+
+
+if __name__ == "__main__":
+    main()

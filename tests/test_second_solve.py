@@ -1,0 +1,117 @@
+"""The second solve (evoenv_worker/second_solve.py) in the real sandbox, with written solves
+scripted in place of the model: a file whose prompt asks what its `solve` computes passes with
+a right reply and fails with a wrong one; a file whose prompt asks something else fails with the
+reply that answers its prompt; a reply without `solve`, or with what L1 forbids, agrees on
+nothing. The model's own written solves are measured by bench/bench_second_solve.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support import started_sandbox
+
+from evoenv_worker.model_stages import trace_instance
+from evoenv_worker.sandbox.host import Sandbox
+from evoenv_worker.second_solve import second_solve, shape
+from shared.config import Settings
+from shared.inference import Completion, Sampling
+
+CORPUS = Path(__file__).resolve().parent / "corpus"
+SOUND = CORPUS / "sound" / "int_score_count_distinct.py"
+UNSOUND = CORPUS / "unsound" / "ones_asked_row_product_solved.py"
+
+COUNT_DISTINCT = "```python\ndef solve(instance):\n    return len(set(instance['numbers']))\n```"
+COUNT_ALL = "```python\ndef solve(instance):\n    return len(instance['numbers'])\n```"
+COUNT_ONES = (
+    "Count every 1.\n```python\nimport itertools\n\n\ndef ones(rows):\n"
+    "    return sum(itertools.chain.from_iterable(rows))\n\n\n"
+    "def solve(instance):\n    return ones(instance['cells'])\n```"
+)
+NO_SOLVE = "```python\ndef answer(instance):\n    return 3\n```"
+FORBIDDEN = (
+    "```python\nimport os\n\n\ndef solve(instance):\n"
+    "    return len(set(instance['numbers'])) + len(os.sep) - 1\n```"
+)
+
+
+class Scripted:
+    """An inference client that replies with fixed texts and keeps what it was asked."""
+
+    def __init__(self, *replies: str) -> None:
+        self.replies = replies
+        self.asked: list[list[dict[str, str]]] = []
+
+    def chat(self, messages: list[dict[str, str]], sampling: Sampling) -> list[Completion]:
+        self.asked.append(messages)
+        return [
+            Completion(
+                text=r,
+                prompt_token_ids=[],
+                token_ids=[],
+                logprobs=[],
+                finish_reason="stop",
+                policy_version=0,
+                version_source="redis",
+                server="scripted",
+            )
+            for r in self.replies
+        ]
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[Sandbox]:
+    yield from started_sandbox(Settings().sandbox)
+
+
+def check(sandbox: Sandbox, path: Path, *replies: str) -> tuple[bool, list[int], Scripted]:
+    source = path.read_text()
+    traced = trace_instance(sandbox, source, path.name)
+    assert traced is not None
+    meta, trace = traced
+    client = Scripted(*replies)
+    span = (int(meta["min_difficulty"]), int(meta["max_difficulty"]))
+    result = second_solve(client, sandbox, source, path.name, trace, Sampling(n=3), span)  # type: ignore[arg-type]
+    return result.ok, result.agreements, client
+
+
+def test_a_right_second_solve_passes_a_sound_file_and_a_wrong_one_does_not(
+    sandbox: Sandbox,
+) -> None:
+    ok, agreements, _ = check(sandbox, SOUND, COUNT_ALL, COUNT_DISTINCT)
+    assert ok and agreements == [agreements[0], 9] and agreements[0] < 9
+    ok, agreements, _ = check(sandbox, SOUND, COUNT_ALL)
+    assert not ok
+
+
+def test_a_file_whose_prompt_asks_something_else_fails_with_the_answer_to_its_prompt(
+    sandbox: Sandbox,
+) -> None:
+    ok, agreements, _ = check(sandbox, UNSOUND, COUNT_ONES)
+    assert not ok and agreements[0] < 3, agreements
+
+
+def test_a_reply_without_solve_or_with_a_forbidden_import_agrees_on_nothing(
+    sandbox: Sandbox,
+) -> None:
+    ok, agreements, _ = check(sandbox, SOUND, NO_SOLVE, FORBIDDEN)
+    assert not ok and agreements == [0, 0]
+
+
+def test_the_written_solve_is_asked_for_from_the_prompt_never_from_the_code(
+    sandbox: Sandbox,
+) -> None:
+    _, _, client = check(sandbox, SOUND, COUNT_DISTINCT)
+    (messages,) = client.asked
+    text = "\n".join(m["content"] for m in messages)
+    assert "How many different values occur in the list?" in text  # the rendered prompt
+    assert '"numbers": [' in text and "as an int" in text  # the instance and the answer's form
+    assert "def solve" not in text and "len(set(" not in text  # not the candidate's code
+
+
+def test_the_answers_form_is_said_without_its_values() -> None:
+    assert shape(7) == "an int"
+    assert shape(["b", "a"]) == "a list of str"
+    assert shape({"min": -3, "max": 4}) == 'a dict with the keys "min" (an int), "max" (an int)'
+    assert shape([[1, 2]]) == "a list of list of int"
