@@ -152,9 +152,13 @@ def served(settings: Settings, url: str | None, weights: Path | None) -> Iterato
     if url:
         yield settings.model_copy(update={"vllm_urls": [url]})
         return
+    # The bench seeds every request: the server must be started for seeded requests (on a CPU,
+    # without chunked prefill: evoenv_model/serve.py, cpu_prefill_args), so the settings say so.
+    seed = settings.admission.sampling_seed
     update: dict[str, Any] = {
         "data_dir": REPO / ".cache" / "evoenv",
         "serve": settings.serve.model_copy(update={"port": free_port(), "max_model_len": 8192}),
+        "admission": settings.admission.model_copy(update={"sampling_seed": seed or 0}),
     }
     if weights is not None:
         update["model"] = str(checkpoint_model(weights))
