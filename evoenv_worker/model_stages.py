@@ -17,8 +17,10 @@ from evoenv_worker.grade import grade_op, grade_op_seconds, read_grades
 from evoenv_worker.novelty import EnvEmbedding, novelty, similarity
 from evoenv_worker.review import VERDICT_SCHEMA, parse_verdict, review_messages, summarise
 from evoenv_worker.running_checks import canonical, instance_op
+from evoenv_worker.second_solve import SecondSolve, second_solve
 from shared.config import Settings
 from shared.environment import TRAIN_SEEDS, build_prompt, extract_answer
+from shared.errors import EvoEnvError
 from shared.inference import Completion, InferenceClient, Sampling
 from shared.messages import (
     CalibrationProbe,
@@ -45,9 +47,13 @@ def request_seed(settings: Settings, *parts: object) -> int | None:
     return int.from_bytes(digest[:4], "big") >> 1
 
 
-def review_stage(client: InferenceClient, job: StageJob, settings: Settings) -> StageReport:
+def review_stage(
+    client: InferenceClient, job: StageJob, settings: Settings, sandbox: Sandbox | None = None
+) -> StageReport:
     """K reviews with a structured verdict; any reject (or unreadable verdict) rejects, and so
-    do fewer than K verdicts. A request that fails raises: the stage could not run (`error`)."""
+    do fewer than K verdicts; with `admission.second_solves`, so does a candidate none of whose
+    second solves agrees with its `solve` (run in `sandbox`). A request that fails raises: the
+    stage could not run (`error`)."""
     started = time.perf_counter()
     a = settings.admission
     sampling = Sampling(
@@ -60,10 +66,14 @@ def review_stage(client: InferenceClient, job: StageJob, settings: Settings) -> 
     completions = client.chat(review_messages(job.env.source, job.trace), sampling)  # the reviewer
     verdicts = [parse_verdict(c.text) for c in completions]
     ok, detail = summarise(verdicts, a.reviews)
-    data = {
+    data: dict[str, Any] = {
         "reviews": a.reviews,
         "verdicts": [{"accept": v.accept, "readable": v.readable, "bug": v.bug} for v in verdicts],
     }
+    if a.second_solves:
+        second = second_solve_of(client, job, settings, sandbox)
+        ok, detail = ok and second.ok, f"{detail}; {second.detail}"
+        data["second_solve"] = second.data()
     return StageReport(
         stage="review",
         ok=ok,
@@ -71,6 +81,25 @@ def review_stage(client: InferenceClient, job: StageJob, settings: Settings) -> 
         detail=detail,
         data=data,
     )
+
+
+def second_solve_of(
+    client: InferenceClient, job: StageJob, settings: Settings, sandbox: Sandbox | None
+) -> SecondSolve:
+    """The review's second solves of `job`'s candidate, at the review's temperature and length."""
+    if sandbox is None:
+        raise EvoEnvError("the second solve runs the written solves in a sandbox: none was given")
+    a = settings.admission
+    sampling = Sampling(
+        n=a.second_solves,
+        temperature=a.review_temperature,
+        max_tokens=a.review_max_tokens,
+        seed=request_seed(settings, "second_solve", job.env.sha),
+    )
+    lo = job.trace.difficulty if job.min_difficulty is None else job.min_difficulty
+    hi = job.trace.difficulty if job.max_difficulty is None else job.max_difficulty
+    source, filename = job.env.source, f"{job.env.name}.py"
+    return second_solve(client, sandbox, source, filename, job.trace, sampling, (lo, hi))
 
 
 def calibration_sample(sandbox: Sandbox, job: StageJob) -> StageJob:

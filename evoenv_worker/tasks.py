@@ -240,13 +240,15 @@ def propose(self: JobTask, payload: dict[str, Any]) -> list[str]:
 
 @app.task(name="evoenv.review", base=JobTask, bind=True)
 def review(self: JobTask, payload: dict[str, Any]) -> dict[str, Any]:
-    """K semantic self-reviews of a candidate (generation queue)."""
+    """K semantic self-reviews of a candidate, and its second solves where they are on
+    (generation queue; the written solves run in this worker's sandbox)."""
     from evoenv_worker.model_stages import review_stage
     from evoenv_worker.verdict import finish_stage
 
     job = self.decode(StageJob, payload)
     ctx = context.current()
-    report = review_stage(ctx.reviewer(), job, ctx.settings)
+    sandbox = ctx.sandbox() if ctx.settings.admission.second_solves else None
+    report = review_stage(ctx.reviewer(), job, ctx.settings, sandbox)
     finalize_completed(ctx, finish_stage(ctx, job, report))
     return report.model_dump(mode="json")
 

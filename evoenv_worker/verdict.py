@@ -218,7 +218,8 @@ def run_locally(
             if stage_job is None:
                 raise EvoEnvError("the traced instance could not be sampled")
             if stage == "review":
-                reports.append(review_stage(ctx.reviewer(), stage_job, ctx.settings))
+                sandbox = ctx.sandbox() if ctx.settings.admission.second_solves else None
+                reports.append(review_stage(ctx.reviewer(), stage_job, ctx.settings, sandbox))
             elif stage == "calibration":
                 reports.append(calibrate_locally(ctx, stage_job, ctx.settings))
             elif stage == "novelty":

@@ -207,6 +207,11 @@ class AdmissionSettings(BaseModel):
     """Sampling temperature of the reviewer."""
     review_max_tokens: int = 768
     """Longest review, in tokens."""
+    second_solves: int = Field(0, ge=0)
+    """Second solves in the review stage: the reviewer writes `solve` again from the rendered
+    prompt alone, K times; the review also fails unless one of them agrees with the candidate's
+    `solve` (its scorer accepting the answers) on 9 fresh instances at 3 difficulties, which a
+    prompt that asks something else than `solve` computes cannot do (0: off)."""
     reviewer_url: str = ""
     """OpenAI-compatible endpoint of a different reviewer model (empty: the policy's servers)."""
     reviewer_model: str = ""

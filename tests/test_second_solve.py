@@ -6,17 +6,20 @@ nothing. The model's own written solves are measured by bench/bench_second_solve
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import started_sandbox
 
-from evoenv_worker.model_stages import trace_instance
+from evoenv_worker.model_stages import review_stage, trace_instance
 from evoenv_worker.sandbox.host import Sandbox
 from evoenv_worker.second_solve import second_solve, shape
 from shared.config import Settings
 from shared.inference import Completion, Sampling
+from shared.messages import EnvRef, StageJob
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 SOUND = CORPUS / "sound" / "int_score_count_distinct.py"
@@ -115,3 +118,60 @@ def test_the_answers_form_is_said_without_its_values() -> None:
     assert shape(["b", "a"]) == "a list of str"
     assert shape({"min": -3, "max": 4}) == 'a dict with the keys "min" (an int), "max" (an int)'
     assert shape([[1, 2]]) == "a list of list of int"
+
+
+ACCEPT = (
+    '{"data_flow": "ok", "trace": "ok", "algorithm": "ok", "scorer": "ok", '
+    '"verdict": "accept", "bug": ""}'
+)
+
+
+class Reviewer(Scripted):
+    """Accepts every review (constrained ones) and writes `written` as every second solve."""
+
+    def __init__(self, written: str) -> None:
+        super().__init__(written)
+        self.written = written
+
+    def chat(self, messages: list[dict[str, str]], sampling: Sampling) -> list[Completion]:
+        self.replies = (ACCEPT if sampling.json_schema else self.written,) * sampling.n
+        return super().chat(messages, sampling)
+
+
+def review(sandbox: Sandbox, path: Path, written: str, second_solves: int) -> tuple[Any, int]:
+    source = path.read_text()
+    traced = trace_instance(sandbox, source, path.name)
+    assert traced is not None
+    meta, trace = traced
+    env = EnvRef(name=path.stem, sha=hashlib.sha256(source.encode()).hexdigest(), source=source)
+    job = StageJob(
+        job_id="j",
+        run="r",
+        env=env,
+        oracle=meta["oracle"],
+        difficulty=trace.difficulty,
+        trace=trace,
+        min_difficulty=meta["min_difficulty"],
+        max_difficulty=meta["max_difficulty"],
+    )
+    base = Settings()
+    admission = base.admission.model_copy(update={"second_solves": second_solves})
+    settings = base.model_copy(update={"admission": admission})
+    client = Reviewer(written)
+    report = review_stage(client, job, settings, sandbox)  # type: ignore[arg-type]
+    return report, len(client.asked)
+
+
+def test_with_second_solves_on_the_review_rejects_what_every_review_accepted_when_none_agrees(
+    sandbox: Sandbox,
+) -> None:
+    report, asked = review(sandbox, UNSOUND, COUNT_ONES, 2)
+    assert not report.ok and asked == 2
+    assert "agreed with solve on" in report.detail and "review 1: accepted" in report.detail
+    second = report.data["second_solve"]
+    assert second["instances"] == 9 and len(second["agreements"]) == 2
+    assert max(second["agreements"]) < 9  # a chance agreement or two, never all
+    report, _ = review(sandbox, SOUND, COUNT_DISTINCT, 2)
+    assert report.ok and report.data["second_solve"]["agreements"] == [9, 9]
+    report, asked = review(sandbox, UNSOUND, COUNT_ONES, 0)  # off: the reviews alone decide
+    assert report.ok and asked == 1 and "second_solve" not in report.data
