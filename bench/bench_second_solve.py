@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench_proposals import served  # the same server set-up as the proposals bench
@@ -75,32 +76,37 @@ def main() -> None:
     parser.add_argument("--files", type=Path, nargs="+", default=None, help="only these files")
     parser.add_argument("--weights", type=Path, default=None, help="a checkpoint (or model) folder")
     parser.add_argument("--url", default=None, help="a running server (default: start one)")
+    parser.add_argument("--parallel", type=int, default=4, help="files judged at once")
     args = parser.parse_args()
     chosen = {p.resolve() for p in args.files} if args.files else None
     base = Settings()
     counts: dict[str, list[int]] = {}
     lines = ["| kind | file | review | second solve | agreements | s review | s second |",
              "| --- | --- | --- | --- | --- | ---: | ---: |"]  # fmt: skip
+    todo = [
+        (kind, path)
+        for kind, paths in KINDS.items()
+        for path in paths
+        if chosen is None or path.resolve() in chosen
+    ]
     with (
         served(base, args.url, args.weights) as settings,
         make_client(settings) as client,
         Sandbox(settings.sandbox) as sandbox,
+        ThreadPoolExecutor(max_workers=args.parallel) as pool,
     ):
-        for kind, paths in KINDS.items():
-            for path in paths:
-                if chosen is not None and path.resolve() not in chosen:
-                    continue
-                review, second, agreements, rs, ss = judge(client, sandbox, path, settings)
-                tally = counts.setdefault(kind, [0, 0, 0, 0])
-                tally[0] += 1
-                tally[1] += review
-                tally[2] += second
-                tally[3] += review and second
-                lines.append(
-                    f"| {kind} | {path.stem} | {'pass' if review else 'reject'} | "
-                    f"{'pass' if second else 'reject'} | {agreements} | {rs:.0f} | {ss:.0f} |"
-                )
-                print(lines[-1], flush=True)
+        judged = pool.map(lambda item: judge(client, sandbox, item[1], settings), todo)
+        for (kind, path), (review, second, agreements, rs, ss) in zip(todo, judged, strict=True):
+            tally = counts.setdefault(kind, [0, 0, 0, 0])
+            tally[0] += 1
+            tally[1] += review
+            tally[2] += second
+            tally[3] += review and second
+            lines.append(
+                f"| {kind} | {path.stem} | {'pass' if review else 'reject'} | "
+                f"{'pass' if second else 'reject'} | {agreements} | {rs:.0f} | {ss:.0f} |"
+            )
+            print(lines[-1], flush=True)
     print(f"\nmodel: {args.url or args.weights or base.model}")
     print("\n".join(lines))
     print("\n| kind | files | review passes | second solve passes | both pass |")
