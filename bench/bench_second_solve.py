@@ -8,6 +8,7 @@ review temperature and seed. One line per file, then per kind: how many each che
 
     python bench/bench_second_solve.py
     python bench/bench_second_solve.py --files tests/corpus/unsound/*.py   # some files only
+    python bench/bench_second_solve.py --files candidates/*.py   # files of neither corpus: "given"
 """
 
 from __future__ import annotations
@@ -73,7 +74,13 @@ def judge(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--files", type=Path, nargs="+", default=None, help="only these files")
+    parser.add_argument(
+        "--files",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="only these files (any file: kind given)",
+    )
     parser.add_argument("--weights", type=Path, default=None, help="a checkpoint (or model) folder")
     parser.add_argument("--url", default=None, help="a running server (default: start one)")
     parser.add_argument("--parallel", type=int, default=4, help="files judged at once")
@@ -89,6 +96,8 @@ def main() -> None:
         for path in paths
         if chosen is None or path.resolve() in chosen
     ]
+    known = {path.resolve() for _, path in todo}
+    todo += [("given", p) for p in args.files or [] if p.resolve() not in known]
     with (
         served(base, args.url, args.weights) as settings,
         make_client(settings) as client,
