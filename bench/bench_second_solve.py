@@ -22,12 +22,11 @@ from pathlib import Path
 from bench_proposals import served  # the same server set-up as the proposals bench
 from benchkit import REPO
 
-from evoenv_worker.model_stages import request_seed, review_stage, trace_instance
+from evoenv_worker.model_stages import review_stage, second_solve_of, trace_instance
 from evoenv_worker.sandbox.host import Sandbox
-from evoenv_worker.second_solve import second_solve
 from evoenv_worker.solver_completions import make_client
 from shared.config import Settings
-from shared.inference import InferenceClient, Sampling
+from shared.inference import InferenceClient
 from shared.messages import EnvRef, StageJob
 
 KINDS = {
@@ -47,7 +46,6 @@ def judge(
     traced = trace_instance(sandbox, source, path.name)
     assert traced is not None, f"{path}: the traced instance cannot be sampled"
     meta, trace = traced
-    a = settings.admission
     env = EnvRef(name=path.stem, sha=hashlib.sha256(source.encode()).hexdigest(), source=source)
     job = StageJob(
         job_id=f"bench-{path.stem}",
@@ -56,18 +54,16 @@ def judge(
         oracle=str(meta["oracle"]),
         difficulty=trace.difficulty,
         trace=trace,
+        min_difficulty=int(meta["min_difficulty"]),
+        max_difficulty=int(meta["max_difficulty"]),
     )
     started = time.perf_counter()
-    review = review_stage(client, job, settings)
+    review = review_stage(client, job, settings)  # second solves off: the reviews alone
     review_seconds = time.perf_counter() - started
-    sampling = Sampling(
-        n=a.reviews,
-        temperature=a.review_temperature,
-        max_tokens=a.review_max_tokens,
-        seed=request_seed(settings, "second_solve", env.sha),
+    solves = settings.admission.model_copy(update={"second_solves": settings.admission.reviews})
+    second = second_solve_of(
+        client, job, settings.model_copy(update={"admission": solves}), sandbox
     )
-    difficulties = (int(meta["min_difficulty"]), int(meta["max_difficulty"]))
-    second = second_solve(client, sandbox, source, path.name, trace, sampling, difficulties)
     agreements = "/".join(str(n) for n in second.agreements) + f" of {second.instances}"
     return review.ok, second.ok, agreements, review_seconds, second.seconds
 
@@ -120,8 +116,8 @@ def main() -> None:
     print("\n".join(lines))
     print("\n| kind | files | review passes | second solve passes | both pass |")
     print("| --- | ---: | ---: | ---: | ---: |")
-    for kind, (n, review, second, both) in counts.items():
-        print(f"| {kind} | {n} | {review} | {second} | {both} |")
+    for kind, tally in counts.items():
+        print("| " + " | ".join([kind, *map(str, tally)]) + " |")
 
 
 if __name__ == "__main__":
