@@ -51,8 +51,9 @@ def review_stage(
     client: InferenceClient, job: StageJob, settings: Settings, sandbox: Sandbox | None = None
 ) -> StageReport:
     """K reviews with a structured verdict; any reject (or unreadable verdict) rejects, and so
-    do fewer than K verdicts; with `admission.second_solves`, so does a candidate none of whose
-    second solves agrees with its `solve` (run in `sandbox`). A request that fails raises: the
+    do fewer than K verdicts; with `admission.second_solves`, so does a candidate (a generated
+    one, unless `second_solves_for` is `all`) none of whose second solves agrees with its
+    `solve` (run in `sandbox`). A request that fails raises: the
     stage could not run (`error`)."""
     started = time.perf_counter()
     a = settings.admission
@@ -70,7 +71,7 @@ def review_stage(
         "reviews": a.reviews,
         "verdicts": [{"accept": v.accept, "readable": v.readable, "bug": v.bug} for v in verdicts],
     }
-    if a.second_solves:
+    if a.second_solves and (job.generated or a.second_solves_for == "all"):
         second = second_solve_of(client, job, settings, sandbox)
         ok, detail = ok and second.ok, f"{detail}; {second.detail}"
         data["second_solve"] = second.data()

@@ -151,6 +151,7 @@ def stage_job_for(ctx: WorkerContext, job: ValidateJob) -> StageJob | None:
         seeds=calibration_seeds(settings, job.job_id, sha),
         min_difficulty=lo,
         max_difficulty=hi,
+        generated=job.candidate is not None,
     )
 
 

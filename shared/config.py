@@ -212,6 +212,9 @@ class AdmissionSettings(BaseModel):
     prompt alone, K times; the review also fails unless one of them agrees with the candidate's
     `solve` (its scorer accepting the answers) on 9 fresh instances at 3 difficulties, which a
     prompt that asks something else than `solve` computes cannot do (0: off)."""
+    second_solves_for: Literal["generated", "all"] = "generated"
+    """Which candidates the second solves judge: the generator's only, or every file (a
+    person's own files too, `evoenv pool add`)."""
     reviewer_url: str = ""
     """OpenAI-compatible endpoint of a different reviewer model (empty: the policy's servers)."""
     reviewer_model: str = ""

@@ -415,6 +415,8 @@ class StageJob(Message):
     """Calibration search: the levels calibrated before this job's, in order."""
     confirm: bool = False
     """Calibration search: this is the fresh calibration at the level the search found."""
+    generated: bool = False
+    """The candidate was written by the generator (its ValidateJob has a `candidate`)."""
     error: str | None = None
 
 

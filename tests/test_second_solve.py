@@ -14,12 +14,14 @@ from typing import Any
 import pytest
 from support import started_sandbox
 
+from evoenv_worker.context import WorkerContext
 from evoenv_worker.model_stages import review_stage, trace_instance
 from evoenv_worker.sandbox.host import Sandbox
 from evoenv_worker.second_solve import second_solve, shape
+from evoenv_worker.verdict import stage_job_for
 from shared.config import Settings
 from shared.inference import Completion, Sampling
-from shared.messages import EnvRef, StageJob
+from shared.messages import CandidateRef, CompletionRecord, EnvRef, StageJob, ValidateJob
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 SOUND = CORPUS / "sound" / "int_score_count_distinct.py"
@@ -138,7 +140,14 @@ class Reviewer(Scripted):
         return super().chat(messages, sampling)
 
 
-def review(sandbox: Sandbox, path: Path, written: str, second_solves: int) -> tuple[Any, int]:
+def review(
+    sandbox: Sandbox,
+    path: Path,
+    written: str,
+    second_solves: int,
+    generated: bool = True,
+    judged: str = "generated",
+) -> tuple[Any, int]:
     source = path.read_text()
     traced = trace_instance(sandbox, source, path.name)
     assert traced is not None
@@ -153,9 +162,11 @@ def review(sandbox: Sandbox, path: Path, written: str, second_solves: int) -> tu
         trace=trace,
         min_difficulty=meta["min_difficulty"],
         max_difficulty=meta["max_difficulty"],
+        generated=generated,
     )
     base = Settings()
-    admission = base.admission.model_copy(update={"second_solves": second_solves})
+    update = {"second_solves": second_solves, "second_solves_for": judged}
+    admission = base.admission.model_copy(update=update)
     settings = base.model_copy(update={"admission": admission})
     client = Reviewer(written)
     report = review_stage(client, job, settings, sandbox)  # type: ignore[arg-type]
@@ -175,3 +186,21 @@ def test_with_second_solves_on_the_review_rejects_what_every_review_accepted_whe
     assert report.ok and report.data["second_solve"]["agreements"] == [9, 9]
     report, asked = review(sandbox, UNSOUND, COUNT_ONES, 0)  # off: the reviews alone decide
     assert report.ok and asked == 1 and "second_solve" not in report.data
+
+
+def test_by_default_second_solves_judge_generated_candidates_only(sandbox: Sandbox) -> None:
+    report, asked = review(sandbox, UNSOUND, COUNT_ONES, 2, generated=False)
+    assert report.ok and asked == 1 and "second_solve" not in report.data  # a person's file
+    report, asked = review(sandbox, UNSOUND, COUNT_ONES, 2, generated=False, judged="all")
+    assert not report.ok and asked == 2
+
+
+def test_the_stage_job_says_whether_the_generator_wrote_the_file(sandbox: Sandbox) -> None:
+    data = SOUND.read_bytes()
+    ctx = WorkerContext(Settings(), _sandbox=sandbox)
+    own = ValidateJob.for_file("own", SOUND.name, data)
+    completion = CompletionRecord(text=data.decode())
+    ref = CandidateRef(run="r", group_id="g", index=0, prompt="p", completion=completion)
+    written = own.model_copy(update={"job_id": "written", "candidate": ref})
+    jobs = [stage_job_for(ctx, job) for job in (own, written)]
+    assert [job.generated for job in jobs if job is not None] == [False, True]
