@@ -100,7 +100,8 @@ def second_solve_of(
     lo = job.trace.difficulty if job.min_difficulty is None else job.min_difficulty
     hi = job.trace.difficulty if job.max_difficulty is None else job.max_difficulty
     source, filename = job.env.source, f"{job.env.name}.py"
-    return second_solve(client, sandbox, source, filename, job.trace, sampling, (lo, hi))
+    limit = settings.validation.max_source_bytes
+    return second_solve(client, sandbox, source, filename, job.trace, sampling, (lo, hi), limit)
 
 
 def calibration_sample(sandbox: Sandbox, job: StageJob) -> StageJob:

@@ -43,12 +43,15 @@ class ReviewVerdict:
         return "accepted" if self.accept else f"likely bug: {self.bug or 'unspecified'}"
 
 
+def clip(text: str, limit: int) -> str:
+    """`text`, cut at `limit` characters with " ..." added where it was longer."""
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
 def review_messages(source: str, trace: Trace) -> list[dict[str, str]]:
     """The reviewer's prompt for one candidate and one traced instance."""
-    reference = json.dumps(trace.reference)
-    if len(reference) > 2000:
-        reference = reference[:2000] + " ..."
-    prompt = trace.prompt if len(trace.prompt) < 4000 else trace.prompt[:4000] + " ..."
+    reference = clip(json.dumps(trace.reference), 2000)
+    prompt = clip(trace.prompt, 4000)
     user = (
         "Review this Python environment for reinforcement learning. It samples a problem "
         "instance (sample), computes the reference answer (solve), writes the problem in words "

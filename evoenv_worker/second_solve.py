@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from evoenv_worker.grade import grade_op, read_grades
 from evoenv_worker.proposal_code import written_code
+from evoenv_worker.review import clip
 from shared.inference import InferenceClient, Sampling
 from shared.messages import Trace
 from shared.static import check_static
@@ -50,10 +51,7 @@ def shape(value: Any, depth: int = 0) -> str:
 
 def second_solve_messages(trace: Trace, instance: dict[str, Any]) -> list[dict[str, str]]:
     """The prompt: the problem as rendered, its instance, the answer's form; not the code."""
-    fields = json.dumps(instance)
-    if len(fields) > 3000:
-        fields = fields[:3000] + " ..."
-    prompt = trace.prompt if len(trace.prompt) < 4000 else trace.prompt[:4000] + " ..."
+    fields, prompt = clip(json.dumps(instance), 3000), clip(trace.prompt, 4000)
     user = (
         "A program generated this problem from a Python dict called `instance`.\n\n"
         f"The problem, exactly as it was shown:\n<<<\n{prompt}\n>>>\n\n"
@@ -125,10 +123,12 @@ def second_solve(
     trace: Trace,
     sampling: Sampling,
     difficulties: tuple[int, int],
+    max_bytes: int = 64 * 1024,
 ) -> SecondSolve:
     """`sampling.n` second solves of the candidate; it passes when one of them answers every
     checked instance (SEEDS at the min, middle and max of `difficulties`) as the candidate's
-    scorer accepts. A request that fails raises (the stage could not run)."""
+    scorer accepts; a spliced file must pass L1's static check within `max_bytes`. A request that
+    fails raises (the stage could not run)."""
     started = time.perf_counter()
     (traced,) = sandbox.run(
         source,
@@ -140,7 +140,7 @@ def second_solve(
     replies = client.chat(second_solve_messages(trace, traced.value["instance"]), sampling)
     lo, hi = difficulties
     points = [(s, d) for d in sorted({lo, (lo + hi) // 2, hi}) for s in SEEDS]
-    agreements = [_agreement(sandbox, source, filename, c.text, points) for c in replies]
+    agreements = [_agreement(sandbox, source, filename, c.text, points, max_bytes) for c in replies]
     best = max(agreements, default=0)
     ok = best == len(points)
     detail = (
@@ -154,12 +154,17 @@ def second_solve(
 
 
 def _agreement(
-    sandbox: Sandbox, source: str, filename: str, reply: str, points: list[tuple[int, int]]
+    sandbox: Sandbox,
+    source: str,
+    filename: str,
+    reply: str,
+    points: list[tuple[int, int]],
+    max_bytes: int,
 ) -> int:
     """How many of `points` the reply's solve answers as the candidate's scorer accepts; 0 when
     the spliced file is not a file L1 admits."""
     spliced = spliced_source(source, reply)
-    if spliced is None or not check_static(spliced.encode(), 64 * 1024).ok:
+    if spliced is None or not check_static(spliced.encode(), max_bytes).ok:
         return 0
     ops = [{"op": "instance", "seed": s, "difficulty": d} for s, d in points]
     written = sandbox.run(spliced, ops, filename=filename)
